@@ -1,0 +1,37 @@
+"""anarchon_celery: a highly available Celery beat.
+
+Run ``celery -A proj beat -S anarchon_celery.Scheduler`` as many times as you like: each
+scheduled run is claimed in RabbitMQ by exactly one instance, which sends the task.
+"""
+
+from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend
+from .errors import AnarchonError, BrokerError, ConfigError
+from .jobs import Job, cron, task_id_for
+from .schedule import Cron, Interval, Schedule
+from .scheduler import Scheduler
+from .settings import Settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # Running it
+    "Scheduler",
+    "cron",
+    # Backends
+    "Backend",
+    "RabbitMQBackend",
+    "MemoryBackend",
+    "Claim",
+    "Outcome",
+    # Jobs and schedules
+    "Job",
+    "Schedule",
+    "Cron",
+    "Interval",
+    "Settings",
+    "task_id_for",
+    # Errors
+    "AnarchonError",
+    "ConfigError",
+    "BrokerError",
+]

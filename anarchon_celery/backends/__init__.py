@@ -1,0 +1,51 @@
+"""Backends decide which instance runs each slot. See :mod:`.base` for the contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from ..settings import Settings
+from .base import Backend, Claim, Outcome
+from .memory import MemoryBackend
+from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend
+
+__all__ = ["Backend", "Claim", "MemoryBackend", "Outcome", "RabbitMQBackend", "backend_for"]
+
+#: ``memory://`` backends, one per (prefix, slot_ttl_ms), shared by the schedulers of a process.
+_MEMORY: dict[tuple[str, int], MemoryBackend] = {}
+
+
+def backend_for(app: Any, settings: Settings) -> Backend:
+    """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ."""
+    chosen = settings.backend
+    if isinstance(chosen, Backend):
+        return chosen
+    if chosen is None:
+        connection = app.connection_for_write()
+        try:
+            if connection.transport_cls not in AMQP_SCHEMES:
+                raise ConfigError(
+                    f"the app's broker is {connection.as_uri()}, not RabbitMQ: set "
+                    "anarchon_backend to an amqp:// URL or a RabbitMQBackend"
+                )
+            url = connection.as_uri(include_password=True)
+        finally:
+            connection.release()
+        return RabbitMQBackend(
+            url, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, ssl=app.conf.broker_use_ssl
+        )
+    if isinstance(chosen, str):
+        scheme = chosen.split("://", 1)[0]
+        if scheme == "memory":
+            key = (settings.prefix, settings.slot_ttl_ms)
+            if key not in _MEMORY:
+                _MEMORY[key] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
+            return _MEMORY[key]
+        if scheme in AMQP_SCHEMES:
+            return RabbitMQBackend(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+        raise ConfigError(
+            f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, memory:// "
+            "(one process, for tests) or a Backend instance"
+        )
+    raise ConfigError(f"anarchon_backend must be a URL or a Backend instance, not {type(chosen).__name__}")

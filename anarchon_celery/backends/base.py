@@ -1,0 +1,103 @@
+"""The Backend contract: who runs a slot.
+
+A backend decides, for each (job, slot), which one of the instances racing for it runs it. It is
+shared by every beat instance of a deployment; the scheduler calls it from one thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["Backend", "Claim", "Outcome", "check_prefix", "check_slot_ttl"]
+
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]*\Z")
+
+
+def check_prefix(prefix: object) -> str:
+    """A valid name prefix, or ConfigError."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix) or len(prefix) > 100:
+        raise ConfigError(f"invalid prefix {prefix!r}: use up to 100 letters, digits, '_', '-', '.' or ':'")
+    return prefix
+
+
+def check_slot_ttl(slot_ttl_ms: object) -> int:
+    """A valid slot_ttl_ms, or ConfigError."""
+    if isinstance(slot_ttl_ms, bool) or not isinstance(slot_ttl_ms, int) or slot_ttl_ms <= 0:
+        raise ConfigError(f"slot_ttl_ms must be a positive integer (milliseconds), not {slot_ttl_ms!r}")
+    return slot_ttl_ms
+
+
+class Outcome(enum.Enum):
+    """The answer to one claim. Only ``WON`` lets the instance send the task."""
+
+    #: This instance was first: it runs the slot.
+    WON = "won"
+    #: Another instance holds the slot.
+    LOST = "lost"
+    #: The answer could not be known (connection lost, timeout, gate vanished). Not won: the
+    #: run is skipped by this instance rather than risk running it twice.
+    UNDECIDED = "undecided"
+    #: The gate exists but is not a gate (made by someone else with other arguments): never a win.
+    NOT_A_GATE = "not_a_gate"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One run to claim: a job's slot (epoch milliseconds)."""
+
+    job: str
+    slot: int
+
+
+class Backend(abc.ABC):
+    """Decides who runs each slot. Implementations document what they guarantee."""
+
+    #: Prefix of every name this backend creates.
+    prefix: str
+    #: How long the backend remembers that a slot was taken, in milliseconds. A job's
+    #: ``jitter_ms + max_late_ms`` must stay below it, or a very late instance could run a slot
+    #: again after the backend forgot it.
+    slot_ttl_ms: int
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Connect and check that the backend can work.
+
+        Raises :class:`~anarchon_celery.BrokerError` with a clear message when it cannot (broker
+        unreachable, too old, missing a feature). Calling it again on an open backend is a no-op.
+        """
+
+    @abc.abstractmethod
+    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+        """Try to take each claim for ``instance``; one outcome per claim, in order.
+
+        ``timeout`` bounds, in seconds, the time spent getting to the broker (reconnecting)
+        before the claims are made; None leaves it to the backend.
+
+        Never raises for broker trouble: what could not be decided is ``UNDECIDED``. Exactly one
+        caller ever gets ``WON`` for a given (job, slot) while the backend remembers it
+        (``slot_ttl_ms``). Claims due at the same moment should be passed together, so that a
+        backend can take them in one round trip.
+        """
+
+    def maintain(self) -> None:
+        """Keep idle connections healthy (heartbeats). Called at every wake-up; cheap."""
+        return None
+
+    def max_idle_s(self) -> float | None:
+        """The longest the scheduler may sleep between :meth:`maintain` calls, if bounded."""
+        return None
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """What and where this backend is, for logs and banners; never shows a password."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what :meth:`open` took. Connections passed in by the caller stay open."""

@@ -1,0 +1,59 @@
+"""An in-process backend, for testing schedules without a broker.
+
+Every Scheduler sharing one MemoryBackend object races for slots as beat instances sharing a
+RabbitMQ would. It is not shared between processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(Backend):
+    """Claims held in a dict, forgotten ``slot_ttl_ms`` after they were taken."""
+
+    def __init__(self, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> None:
+        self.prefix = check_prefix(prefix)
+        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        self._lock = threading.Lock()
+        self._taken: dict[tuple[str, int], tuple[str, float]] = {}
+
+    def open(self) -> None:
+        pass
+
+    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+        now = time.monotonic()
+        outcomes = []
+        with self._lock:
+            self._forget(now)
+            for claim in claims:
+                key = (claim.job, claim.slot)
+                if key in self._taken:
+                    outcomes.append(Outcome.LOST)
+                else:
+                    self._taken[key] = (instance, now + self.slot_ttl_ms / 1000)
+                    outcomes.append(Outcome.WON)
+        return outcomes
+
+    def holder(self, job: str, slot: int) -> str | None:
+        """The instance holding a slot, or None: for tests."""
+        with self._lock:
+            self._forget(time.monotonic())
+            taken = self._taken.get((job, slot))
+            return taken[0] if taken else None
+
+    def _forget(self, now: float) -> None:
+        for key in [k for k, (_, expires) in self._taken.items() if expires <= now]:
+            del self._taken[key]
+
+    def describe(self) -> str:
+        return f"memory (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
+
+    def close(self) -> None:
+        pass

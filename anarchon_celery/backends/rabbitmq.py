@@ -1,0 +1,390 @@
+"""RabbitMQBackend: a one-message "gate" queue per run decides who runs it.
+
+Each run gets a queue ``<prefix><job>.slot.<slot>`` that holds one message and refuses the rest
+(``x-max-length: 1``, ``x-overflow: reject-publish``) and deletes itself ``slot_ttl_ms`` after its
+last use (``x-expires``). Every instance publishes one persistent claim into it on a confirm
+channel: the broker acks the publish that filled the queue and nacks every later one, so exactly
+one instance gets the ack. Anything else (a connection lost before the answer, a confirm that
+never comes, a claim returned as unroutable) is *not* a win: the run is skipped rather than risk
+running it twice.
+
+Gates are durable classic queues: transient non-exclusive queues are refused by RabbitMQ 4.3 and
+later, a transient claim message would vanish with a broker restart and leave the gate open, and
+quorum queues overshoot ``x-max-length`` under reject-publish (several winners).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import amqp
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from ..errors import BrokerError, ConfigError
+from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+
+__all__ = ["RabbitMQBackend", "gate_arguments", "gate_name"]
+
+logger = logging.getLogger(__name__)
+
+MIN_VERSION = (3, 9)
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+_INEQUIVALENT = re.compile(r"inequivalent arg '([^']+)' for .*: received (.*) but current is (.*)\Z")
+_VALUE = re.compile(r"'([^']*)'")
+
+
+def gate_name(prefix: str, job: str, slot: int) -> str:
+    """The gate queue of one run."""
+    return f"{prefix}{job}.slot.{slot}"
+
+
+def gate_arguments(slot_ttl_ms: int) -> dict[str, Any]:
+    """The arguments every gate is declared with."""
+    return {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": slot_ttl_ms}
+
+
+def _current_value(text: str) -> str | None:
+    """The current value in a 406 reply: ``'60000'``, ``the value '60000' of type 'long'``, ``none``."""
+    match = _VALUE.search(text)
+    return match.group(1) if match else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def check_server(properties: dict[str, Any], where: str) -> tuple[int, ...]:
+    """The broker's version from its AMQP server properties; BrokerError unless RabbitMQ >= 3.9."""
+    product = _text(properties.get("product", ""))
+    version = tuple(int(n) for n in re.findall(r"\d+", _text(properties.get("version", "")))[:3])
+    if product != "RabbitMQ" or version < MIN_VERSION:
+        shown = ".".join(map(str, version)) or "of unknown version"
+        raise BrokerError(
+            f"{where} is {product or 'an unknown broker'} {shown}: RabbitMQBackend needs RabbitMQ "
+            f"{'.'.join(map(str, MIN_VERSION))} or newer (streams, reject-publish)"
+        )
+    return version
+
+
+class _Confirms:
+    """A confirm-mode channel and the answers to the claims published on it.
+
+    Answers are matched by delivery tag; a ``basic.return`` (which RabbitMQ sends before the ack
+    of the same message) is matched by routing key, the gate's name, which is unique per claim.
+    """
+
+    def __init__(self, connection: amqp.Connection) -> None:
+        self.channel = connection.channel()
+        self.channel.confirm_select()
+        self.next_tag = 1
+        self.pending: dict[int, str] = {}
+        self.answers: dict[str, Outcome] = {}
+        self.returned: set[str] = set()
+        self.dead = False
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.channel.events["basic_return"].add(self._on_return)
+
+    def publish(self, gate: str, body: bytes) -> None:
+        message = amqp.Message(body, delivery_mode=2, content_type="application/json")
+        tag = self.next_tag
+        self.next_tag += 1  # the broker numbers every publish on the channel, even a failed one
+        self.pending[tag] = gate
+        self.channel.basic_publish(message, exchange="", routing_key=gate, mandatory=True)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        if not self.dead:
+            self.returned.add(routing_key)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, Outcome.WON)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, Outcome.LOST)
+
+    def _settle(self, tag: int, multiple: bool, outcome: Outcome) -> None:
+        if self.dead:  # a late answer on an abandoned channel means nothing any more
+            return
+        tags = [t for t in self.pending if t <= tag] if multiple else [tag]
+        for t in tags:
+            gate = self.pending.pop(t, None)
+            if gate is None:
+                continue
+            if gate in self.returned:
+                # Unroutable: the gate vanished between declare and publish. The broker acks a
+                # returned message, but nothing holds the gate: not a win.
+                self.returned.discard(gate)
+                self.answers[gate] = Outcome.UNDECIDED
+            else:
+                self.answers[gate] = outcome
+
+
+class RabbitMQBackend(Backend):
+    """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
+
+    Arguments:
+        url: AMQP URL of the broker (``amqp://user:password@host:5672/vhost``).
+        connection: your own :class:`kombu.Connection`. You keep ownership: it is never closed
+            here (a broken one is revived, as kombu does).
+        prefix: prefix of every queue name.
+        slot_ttl_ms: how long RabbitMQ remembers that a run was taken (each gate's
+            ``x-expires``). A job's ``jitter_ms + max_late_ms`` must be shorter.
+        confirm_timeout: seconds to wait for the broker's answer to a claim before treating it
+            as not won.
+        heartbeat: AMQP heartbeat of the backend's own connection, in seconds (0: none).
+        ssl: as kombu's ``Connection(ssl=...)``.
+    """
+
+    def __init__(
+        self,
+        url: str = "amqp://localhost",
+        connection: Connection | None = None,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        *,
+        confirm_timeout: float = 5.0,
+        heartbeat: float = 60,
+        ssl: Any = None,
+    ) -> None:
+        self.prefix = check_prefix(prefix)
+        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        if not isinstance(confirm_timeout, (int, float)) or not 0 < confirm_timeout <= 300:
+            raise ConfigError(f"confirm_timeout must be seconds in (0, 300], not {confirm_timeout!r}")
+        self.confirm_timeout = float(confirm_timeout)
+        self._owned = connection is None
+        if connection is None:
+            if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
+                raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {url!r}")
+            connection = Connection(
+                url,
+                heartbeat=heartbeat,
+                ssl=ssl,
+                connect_timeout=5,
+                transport_options={"read_timeout": 30, "write_timeout": 30},
+            )
+        elif not isinstance(connection, Connection):
+            raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
+        elif connection.transport_cls not in AMQP_SCHEMES:
+            raise ConfigError(f"RabbitMQBackend needs an AMQP connection, not {connection.transport_cls!r}")
+        self.connection = connection
+        self._declarer: amqp.Channel | None = None
+        self._confirms: _Confirms | None = None
+        self._opened = False
+        self._outage_since: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._opened:
+            return
+        try:
+            self.connection.ensure_connection(max_retries=3, interval_start=0.5, interval_step=1)
+            raw = self.connection.connection
+        except self._errors() as exc:
+            raise BrokerError(
+                f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
+                "running and that anarchon_backend (or broker_url) points at it"
+            ) from exc
+        version = check_server(raw.server_properties or {}, self.connection.as_uri())
+        self.server_version = version
+        self._opened = True
+
+    def close(self) -> None:
+        self._opened = False
+        if self._owned:
+            try:
+                self.connection.release()
+            except Exception:  # noqa: BLE001 - closing is best effort; the socket goes anyway
+                self.connection.collect()
+        self._declarer = None
+        self._confirms = None
+
+    def describe(self) -> str:
+        return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
+
+    def max_idle_s(self) -> float | None:
+        heartbeat = self.connection.heartbeat
+        return max(1.0, heartbeat / 3) if heartbeat else None
+
+    def maintain(self) -> None:
+        if not self._opened or not self.connection.connected:
+            return
+        raw = self.connection.connection
+        try:
+            self._drain(raw, 0)
+            self.connection.heartbeat_check(rate=3)
+        except self._errors() as exc:
+            logger.warning("anarchon: lost the connection to RabbitMQ while idle (%s)", exc)
+            self._discard(connection_lost=True)
+
+    # -- the claim ----------------------------------------------------------------------------
+
+    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+        """Claim runs; see :meth:`Backend.claim`.
+
+        ``timeout`` bounds the time spent reconnecting before the claims are published; the
+        answer itself is awaited at most ``confirm_timeout`` seconds.
+        """
+        if not claims:
+            return []
+        gates = [gate_name(self.prefix, c.job, c.slot) for c in claims]
+        try:
+            raw = self._connect(timeout)
+            usable = [self._declare_gate(gate) for gate in gates]
+        except self._errors() as exc:
+            self._outage(exc)
+            self._discard(connection_lost=True)
+            return [Outcome.UNDECIDED] * len(claims)
+        self._recovered()
+
+        outcomes: dict[str, Outcome] = {g: Outcome.NOT_A_GATE for g, ok in zip(gates, usable) if not ok}
+        to_publish = [(c, g) for c, g, ok in zip(claims, gates, usable) if ok]
+        if to_publish:
+            outcomes.update(self._publish(raw, to_publish, instance))
+        return [outcomes[g] for g in gates]
+
+    def _publish(self, raw: amqp.Connection, claims: list[tuple[Claim, str]], instance: str) -> dict[str, Outcome]:
+        confirms = self._confirms
+        try:
+            if confirms is None:
+                confirms = self._confirms = _Confirms(raw)
+            now_ms = int(time.time() * 1000)
+            for claim, gate in claims:
+                body = json.dumps(
+                    {"job": claim.job, "slot": claim.slot, "instance": instance, "claimed_at_ms": now_ms}
+                ).encode()
+                confirms.publish(gate, body)
+            deadline = time.monotonic() + self.confirm_timeout
+            while confirms.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no confirm within {self.confirm_timeout}s")
+                raw.drain_events(timeout=remaining)
+        except self._errors() as exc:
+            # Whatever is still unanswered is undecided. Never reuse this channel (a late ack on
+            # it could pass for a later win), nor, when it is ours, this connection.
+            self._discard(connection_lost=not isinstance(exc, TimeoutError))
+            reason = f"no answer to the claim ({type(exc).__name__}: {exc})"
+        else:
+            reason = "the claim was returned as unroutable (its gate vanished)"
+        answers = confirms.answers if confirms is not None else {}
+        result = {gate: answers.pop(gate, Outcome.UNDECIDED) for _, gate in claims}
+        for claim, gate in claims:
+            if result[gate] is Outcome.UNDECIDED:
+                logger.warning(
+                    "anarchon: job %r slot %d: %s; not run by this instance",
+                    claim.job,
+                    claim.slot,
+                    reason,
+                )
+        return result
+
+    # -- gates --------------------------------------------------------------------------------
+
+    def _declare_gate(self, gate: str) -> bool:
+        """Declare a gate; False when a queue of that name exists but is not a gate.
+
+        A queue keeps the arguments it was made with. Instances whose ``slot_ttl_ms`` differs, or
+        an older gate made transient, are used as they are: the redeclare is repeated with the
+        current value the broker names in its 406 reply, which proves every other argument
+        matches. Any other difference means the queue is not a gate, and it never counts as won.
+        """
+        durable = True
+        arguments = gate_arguments(self.slot_ttl_ms)
+        for _ in range(4):
+            channel = self._declare_channel()
+            try:
+                channel.queue_declare(gate, durable=durable, auto_delete=False, exclusive=False, arguments=arguments)
+                return True
+            except amqp.exceptions.PreconditionFailed as exc:
+                self._declarer = None  # the broker closed that channel
+                match = _INEQUIVALENT.search(str(exc.reply_text))
+                arg = match.group(1) if match else None
+                current = _current_value(match.group(3)) if match else None
+                if arg == "x-expires":
+                    if current is None:
+                        arguments.pop("x-expires", None)
+                    else:
+                        arguments["x-expires"] = int(current)
+                    continue
+                if arg == "durable":
+                    durable = current == "true"
+                    continue
+                logger.error(
+                    "anarchon: queue %r exists but is not a gate (%s); it never counts as a win, "
+                    "so this run is skipped. Delete the queue (rabbitmqctl delete_queue %s) or "
+                    "change anarchon_prefix",
+                    gate,
+                    exc.reply_text,
+                    gate,
+                )
+                return False
+        return False
+
+    def _declare_channel(self) -> amqp.Channel:
+        if self._declarer is None or not self._declarer.is_open:
+            self._declarer = self.connection.connection.channel()
+        return self._declarer
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        return (
+            self.connection.connection_errors
+            + self.connection.channel_errors
+            + (OSError, TimeoutError, OperationalError, amqp.exceptions.AMQPError)
+        )
+
+    def _connect(self, timeout: float | None) -> amqp.Connection:
+        if not self._opened:
+            self.open()
+        self.connection.ensure_connection(
+            max_retries=None if timeout else 1,
+            interval_start=0.2,
+            interval_step=0.5,
+            interval_max=2,
+            timeout=timeout,
+        )
+        return self.connection.connection
+
+    def _discard(self, *, connection_lost: bool) -> None:
+        """Forget the channels, and the connection when it is ours or broken."""
+        if self._confirms is not None:
+            self._confirms.dead = True
+        self._confirms = None
+        self._declarer = None
+        if self._owned or connection_lost:
+            self.connection.collect()
+
+    def _drain(self, raw: amqp.Connection, timeout: float) -> None:
+        while True:
+            try:
+                raw.drain_events(timeout=timeout)
+            except TimeoutError:
+                return
+
+    def _outage(self, exc: BaseException) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.warning(
+                "anarchon: RabbitMQ at %s is unavailable (%s: %s); runs due meanwhile are skipped",
+                self.connection.as_uri(),
+                type(exc).__name__,
+                exc,
+            )
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            logger.warning(
+                "anarchon: RabbitMQ at %s is back after %.1fs",
+                self.connection.as_uri(),
+                time.monotonic() - self._outage_since,
+            )
+            self._outage_since = None

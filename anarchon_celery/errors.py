@@ -1,0 +1,20 @@
+"""The package's errors: one root, a few meaningful children."""
+
+from __future__ import annotations
+
+__all__ = ["AnarchonError", "BrokerError", "ConfigError"]
+
+
+class AnarchonError(Exception):
+    """Root of every error raised by anarchon_celery."""
+
+
+class ConfigError(AnarchonError, ValueError):
+    """The configuration cannot work: a job, a setting or a backend option is wrong.
+
+    Raised at start (or when a job is added), never in the middle of a run.
+    """
+
+
+class BrokerError(AnarchonError):
+    """The broker cannot serve this backend: unreachable, too old, or missing a feature."""

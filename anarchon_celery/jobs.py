@@ -1,0 +1,272 @@
+"""Jobs: what runs when, collected from ``@cron`` tasks and ``beat_schedule``, and validated.
+
+Everything here fails at start with a :class:`ConfigError` naming the job and the fix, never in
+the middle of a run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .schedule import Cron, Schedule, parse_schedule, resolve_tz
+from .settings import Settings
+
+__all__ = ["Job", "collect_jobs", "cron", "task_id_for"]
+
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+#: Per-job keys of a ``beat_schedule`` entry (``@cron`` takes the same as keyword arguments).
+JOB_KEYS = frozenset(
+    {"task", "schedule", "args", "kwargs", "options", "jitter_ms", "max_late_ms", "history_size", "tz", "relative"}
+)
+
+_LEASE_BACKENDS = (
+    "anarchon offers it on its Redis, PostgreSQL and SQLite backends, which hold leases; "
+    "anarchon_celery has only the claim-only RabbitMQ backend"
+)
+#: Options of anarchon that this claim-only backend refuses, with why.
+REFUSED_KEYS = {
+    "backup_runners": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
+    "backups": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
+    "no_overlap": f"overlap protection needs a lease held while the task runs: {_LEASE_BACKENDS}",
+    "overlap": f"overlap protection needs a lease held while the task runs: {_LEASE_BACKENDS}",
+    "catch_up": f"catch-up needs to know which past runs happened: {_LEASE_BACKENDS}",
+    "hand_over": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
+    "handover": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
+    "history_ttl_ms": "history is kept in a RabbitMQ stream trimmed by size only: use history_size",
+}
+
+#: apply_async options the scheduler sets itself.
+RESERVED_OPTIONS = frozenset({"task_id", "producer", "link", "link_error", "add_to_parent"})
+
+_TASK_ID_NAMESPACE = uuid.UUID("5b0c4b8e-8f1e-4a57-9d0e-5f3b8e6d2a11")
+
+
+def task_id_for(prefix: str, job: str, slot: int) -> str:
+    """The deterministic task id of a scheduled run: the same on every instance."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{prefix}{job}.slot.{slot}"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One scheduled job: a Celery task and when to send it."""
+
+    name: str
+    task: str
+    schedule: Schedule
+    tz: dt.tzinfo
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    jitter_ms: int
+    max_late_ms: int
+    history_size: int
+
+    def next_slot(self, after_ms: int) -> int:
+        """The first slot strictly after ``after_ms``."""
+        return self.schedule.next_slot(after_ms)
+
+
+def _check_int(job: str, key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"job {job!r}: {key} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _unknown_key_error(job: str, key: str) -> ConfigError:
+    if key in REFUSED_KEYS:
+        return ConfigError(f"job {job!r}: {key} is not available: {REFUSED_KEYS[key]}")
+    close = difflib.get_close_matches(key, sorted(JOB_KEYS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"job {job!r}: unknown key {key!r}.{hint} Known keys: {', '.join(sorted(JOB_KEYS))}")
+
+
+def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt.tzinfo) -> Job:
+    """Build and validate one job from a ``beat_schedule``-style entry."""
+    if not isinstance(name, str) or not JOB_NAME_RE.match(name):
+        raise ConfigError(
+            f"job name {name!r} is invalid: use only letters, digits, '_' and '-' (it becomes part of queue names)"
+        )
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"job {name!r}: the entry must be a dict, not {type(entry).__name__}")
+    for key in entry:
+        if key not in JOB_KEYS:
+            raise _unknown_key_error(name, str(key))
+    task = entry.get("task")
+    if not isinstance(task, str) or not task:
+        raise ConfigError(f"job {name!r}: 'task' must be the name of a Celery task, not {task!r}")
+    if "schedule" not in entry:
+        raise ConfigError(f"job {name!r}: 'schedule' is missing")
+    if entry.get("relative"):
+        raise ConfigError(
+            f"job {name!r}: relative=True is not supported: intervals are aligned to the Unix epoch "
+            "so that every instance computes the same runs"
+        )
+    try:
+        tz = resolve_tz(entry["tz"]) if entry.get("tz") is not None else app_tz
+        schedule = parse_schedule(entry["schedule"], tz)
+    except ConfigError as exc:
+        raise ConfigError(f"job {name!r}: {exc}") from exc
+    args = entry.get("args") or ()
+    if not isinstance(args, (list, tuple)):
+        raise ConfigError(f"job {name!r}: args must be a list or tuple, not {args!r}")
+    kwargs = entry.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError(f"job {name!r}: kwargs must be a dict with string keys, not {kwargs!r}")
+    options = entry.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"job {name!r}: options must be a dict of apply_async options, not {options!r}")
+    reserved = sorted(RESERVED_OPTIONS.intersection(options))
+    if reserved:
+        raise ConfigError(f"job {name!r}: options {reserved} are set by the scheduler and cannot be given")
+    if "headers" in options and not isinstance(options["headers"], Mapping):
+        raise ConfigError(f"job {name!r}: options['headers'] must be a dict")
+
+    def setting(key: str) -> Any:
+        value = entry.get(key)
+        return getattr(settings, key) if value is None else value
+
+    return Job(
+        name=name,
+        task=task,
+        schedule=schedule,
+        tz=tz,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        options=dict(options),
+        jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms"), 0),
+        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms"), 0),
+        history_size=_check_int(name, "history_size", setting("history_size"), 1),
+    )
+
+
+def check_safety(job: Job, slot_ttl_ms: int) -> None:
+    """The seed's safety rule: a gate must outlive the latest moment anyone may claim it."""
+    if job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
+        raise ConfigError(
+            f"job {job.name!r}: jitter_ms + max_late_ms ({job.jitter_ms} + {job.max_late_ms} ms) "
+            f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): after a gate expires, RabbitMQ "
+            "forgets the run was taken and a late instance could run it again. Lower them or "
+            "raise anarchon_slot_ttl_ms"
+        )
+
+
+# -- the @cron decorator ------------------------------------------------------------------------
+
+#: Tasks (or their lazy proxies) decorated above ``@app.task``, with their entries. Functions
+#: decorated below ``@app.task`` carry their entries in ``__anarchon_cron__`` instead.
+_DECORATED_TASKS: list[tuple[Any, dict[str, Any]]] = []
+
+
+def cron(
+    spec: Any,
+    *,
+    name: str | None = None,
+    tz: str | dt.tzinfo | None = None,
+    jitter_ms: int | None = None,
+    max_late_ms: int | None = None,
+    history_size: int | None = None,
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    **refused: Any,
+) -> Callable[[Any], Any]:
+    """Schedule a Celery task. Put it above or below ``@app.task``::
+
+        @anarchon_celery.cron("*/5 * * * *", tz="Europe/Paris")
+        @app.task
+        def refresh(): ...
+
+    ``spec`` is anything a ``beat_schedule`` entry's ``schedule`` may be (a cron string, a Celery
+    ``crontab``, a ``timedelta`` or seconds). The job's name defaults to the task function's name;
+    the other arguments are the per-job keys, defaulting to the ``anarchon_*`` settings. Several
+    ``@cron`` on one task make several jobs (give them distinct names).
+    """
+    for key in refused:
+        raise _unknown_key_error(name or "?", key)
+    if isinstance(spec, str):
+        Cron(spec, "UTC")  # a typo in a spec fails at import, not at scheduler start
+    entry: dict[str, Any] = {"schedule": spec, "args": tuple(args), "kwargs": dict(kwargs or {}), "_name": name}
+    for key, value in (
+        ("tz", tz),
+        ("jitter_ms", jitter_ms),
+        ("max_late_ms", max_late_ms),
+        ("history_size", history_size),
+        ("options", options),
+    ):
+        if value is not None:
+            entry[key] = value
+
+    def decorate(target: Any) -> Any:
+        from celery.app.task import Task
+        from celery.local import Proxy
+
+        # type(), not isinstance(): isinstance would evaluate a lazy task proxy too early.
+        if issubclass(type(target), (Task, Proxy)):
+            _DECORATED_TASKS.append((target, entry))
+        elif callable(target):
+            target.__anarchon_cron__ = [*getattr(target, "__anarchon_cron__", []), entry]
+        else:
+            raise ConfigError(f"@cron must decorate a Celery task, not {target!r}")
+        return target
+
+    return decorate
+
+
+def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The ``@cron`` jobs of ``app``, as (name, entry) pairs, in a stable order."""
+    tasks = app.tasks
+    found: list[tuple[Any, dict[str, Any]]] = []
+    for task in tasks.values():
+        fun = getattr(task, "__wrapped__", None)
+        fun = getattr(fun, "__func__", fun)  # bound for bind=True tasks
+        found += [(task, entry) for entry in getattr(fun, "__anarchon_cron__", ())]
+    for target, entry in _DECORATED_TASKS:
+        getter = getattr(type(target), "_get_current_object", None)
+        task = getter(target) if getter else target  # a lazy proxy's task, once the app is ready
+        if tasks.get(task.name) is task:  # else a task of another app
+            found.append((task, entry))
+    result = []
+    for task, entry in found:
+        entry = dict(entry)
+        job_name = entry.pop("_name") or task.name.rsplit(".", 1)[-1]
+        result.append((job_name, dict(entry, task=task.name)))
+    return result
+
+
+def collect_jobs(app: Any, settings: Settings, slot_ttl_ms: int) -> list[Job]:
+    """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
+
+    Checks names (valid, unique), tasks (registered), per-job keys and the safety rule.
+    """
+    app_tz = app.timezone
+    entries = _decorated_entries(app)
+    schedule = app.conf.beat_schedule or {}
+    if not isinstance(schedule, Mapping):
+        raise ConfigError(f"beat_schedule must be a dict, not {type(schedule).__name__}")
+    entries += list(schedule.items())
+    jobs: dict[str, Job] = {}
+    registered = app.tasks
+    for name, entry in entries:
+        job = make_job(name, entry, settings, app_tz)
+        if name in jobs:
+            raise ConfigError(
+                f"two jobs are named {name!r}: give one another name (@cron(name=...) or another beat_schedule key)"
+            )
+        if job.task not in registered:
+            close = difflib.get_close_matches(job.task, sorted(registered), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"job {name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
+                "Import its module in the beat process (imports/include settings)"
+            )
+        check_safety(job, slot_ttl_ms)
+        jobs[name] = job
+    return list(jobs.values())

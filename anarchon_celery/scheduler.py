@@ -1,0 +1,224 @@
+"""The beat Scheduler: wait for each slot, claim it, and send the task if this instance won.
+
+Use it with ``celery -A proj beat -S anarchon_celery.Scheduler`` (or the ``beat_scheduler``
+setting), as many times as you like: every instance computes the same slots and races for each
+run in the backend; only the winner sends the task. No local state file is kept.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import random
+import socket
+import time
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from celery import beat
+
+from .backends import Backend, Claim, Outcome, backend_for
+from .errors import AnarchonError
+from .jobs import Job, collect_jobs, task_id_for
+from .settings import Settings
+
+__all__ = ["Scheduler", "instance_id"]
+
+logger = logging.getLogger(__name__)
+
+
+def instance_id() -> str:
+    """Who this process is, as written in claims: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Due(NamedTuple):
+    due_ms: int  # slot + this instance's jitter
+    slot: int
+    job: str
+
+
+class Scheduler(beat.Scheduler):
+    """A ``celery.beat.Scheduler`` that claims every run in a shared backend before sending it.
+
+    It sleeps until the next run's ``slot + jitter`` (no polling), skips a run found later than
+    the job's ``max_late_ms`` (no catch-up), and sends a won run's task with a deterministic task
+    id and the headers ``anarchon_job``, ``anarchon_slot`` and ``anarchon_run``.
+    """
+
+    #: Claims of runs due together are sent in batches of at most this many.
+    batch_size = 500
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.backend: Backend | None = None
+        self.instance = instance_id()
+        self._queue: list[_Due] = []
+        self._settings: Settings | None = None
+        self._random = random.Random()
+        super().__init__(app, *args, **kwargs)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _configure(self) -> tuple[Settings, Backend, list[Job]]:
+        settings = Settings.from_app(self.app)
+        backend = backend_for(self.app, settings)
+        jobs = collect_jobs(self.app, settings, backend.slot_ttl_ms)
+        return settings, backend, jobs
+
+    def setup_schedule(self) -> None:
+        settings, backend, jobs = self._configure()
+        backend.open()
+        self._settings, self.backend = settings, backend
+        self.jobs = {job.name: job for job in jobs}
+        start = now_ms()
+        self._queue = []
+        for job in jobs:
+            self._push(job, job.next_slot(start - 1))
+        logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(jobs), backend.describe())
+
+    @property
+    def info(self) -> str:
+        try:
+            settings, backend, jobs = self._configure()
+        except AnarchonError as exc:
+            return f"    . anarchon -> configuration error: {exc}"
+        return f"    . anarchon -> {backend.describe()}\n    . anarchon jobs -> {len(jobs)}"
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Run what is due; return the seconds to sleep until the next due run."""
+        backend = self.backend
+        if backend is None:
+            return float(self.max_interval)
+        backend.maintain()
+        now = now_ms()
+        due: list[_Due] = []
+        while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
+            due.append(heapq.heappop(self._queue))
+        if due:
+            self._run(due)
+        limits = [float(self.max_interval)]
+        idle = backend.max_idle_s()
+        if idle is not None:
+            limits.append(idle)
+        if self._queue:
+            limits.append(max(0.0, (self._queue[0].due_ms - now_ms()) / 1000))
+        return min(limits)
+
+    def _push(self, job: Job, slot: int) -> None:
+        jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
+        heapq.heappush(self._queue, _Due(slot + jitter, slot, job.name))
+
+    def _run(self, due: list[_Due]) -> None:
+        assert self.backend is not None
+        now = now_ms()
+        claims: list[tuple[Job, int]] = []
+        for item in due:
+            job = self.jobs[item.job]
+            self._schedule_after(job, item.slot, now)
+            late = now - item.slot
+            if late > job.max_late_ms:
+                logger.warning(
+                    "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
+                    job.name,
+                    item.slot,
+                    late,
+                    job.max_late_ms,
+                )
+                continue
+            claims.append((job, item.slot))
+        if not claims:
+            return
+        # Decide within the tightest lateness window of the batch.
+        budget_ms = min(slot + job.max_late_ms for job, slot in claims) - now
+        outcomes = self.backend.claim(
+            [Claim(job.name, slot) for job, slot in claims],
+            self.instance,
+            timeout=max(0.5, budget_ms / 1000),
+        )
+        for (job, slot), outcome in zip(claims, outcomes):
+            if outcome is Outcome.WON:
+                self._send(job, slot)
+            else:
+                logger.debug("anarchon: job %r slot %d: %s", job.name, slot, outcome.value)
+
+    def _schedule_after(self, job: Job, slot: int, now: int) -> None:
+        """Queue the job's next run; runs already too late to claim are skipped at once."""
+        following = job.next_slot(slot)
+        if following + job.max_late_ms < now:
+            resume = job.next_slot(now - job.max_late_ms - 1)
+            logger.warning(
+                "anarchon: job %r: runs from slot %d up to slot %d are more than max_late_ms "
+                "(%d) late; skipped, runs are not caught up",
+                job.name,
+                following,
+                resume,
+                job.max_late_ms,
+            )
+            following = resume
+        self._push(job, following)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def _send(self, job: Job, slot: int) -> None:
+        task_id = task_id_for(self.backend.prefix if self.backend else "", job.name, slot)
+        options = dict(job.options)
+        options["headers"] = {
+            **dict(options.get("headers") or {}),
+            "anarchon_job": job.name,
+            "anarchon_slot": slot,
+            "anarchon_run": task_id,
+        }
+        remaining_s = (slot + job.max_late_ms - now_ms()) / 1000
+        options["retry"] = True
+        options["retry_policy"] = {
+            "max_retries": max(0, int(remaining_s // 2)),
+            "interval_start": 0,
+            "interval_step": 1,
+            "interval_max": 2,
+        }
+        task = self.app.tasks.get(job.task)
+        try:
+            task.apply_async(job.args, dict(job.kwargs), task_id=task_id, producer=self.producer, **options)
+        except Exception as exc:  # noqa: BLE001 - a failed send must not stop the other jobs
+            logger.error(
+                "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r",
+                job.name,
+                slot,
+                job.task,
+                task_id,
+                exc if str(exc) else exc.__context__ or exc,  # kombu's OperationalError('') hides the nack
+                exc_info=True,
+            )
+            self.__dict__.pop("producer", None)
+            return
+        logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, slot, job.task, task_id)
+
+    @cached_property
+    def connection(self) -> Any:
+        # Publisher confirms: a send the broker refused (a missing exchange, a full queue) is an
+        # error we can log with its job and slot, instead of a task silently lost.
+        return self.app.connection_for_write(transport_options={"confirm_publish": True})
+
+    @property
+    def producer(self) -> Any:
+        # Not Celery's cached producer: that one retries the connection for
+        # broker_connection_max_retries (100 by default) before the first send.
+        producer = self.__dict__.get("producer")
+        if producer is None:
+            producer = self.__dict__["producer"] = self.Producer(self.connection, auto_declare=False)
+        return producer
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.backend is not None:
+                self.backend.close()

@@ -1,0 +1,249 @@
+"""Demo: several `celery beat -S anarchon_celery.Scheduler` instances and one worker, on the local
+RabbitMQ. Every scheduled run is executed exactly once.
+
+    python examples/demo.py                      # 3 beats, 60 s
+    python examples/demo.py --beats 5 --duration 30 --json
+
+It starts a worker and the beat instances of ``demo_app`` under a fresh queue prefix, lets them
+run, stops them, then prints each run in the window: job, slot, the instance that won it and how
+many times the task executed. Everything it created in RabbitMQ is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BROKER = os.environ.get("ANARCHON_DEMO_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
+#: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
+END_MARGIN_MS = 3_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
+    """Delete every queue and exchange whose name starts with ``prefix``; return how many."""
+    from kombu import Connection
+
+    names = {}
+    for kind in ("queues", "exchanges"):
+        listing = subprocess.run(
+            ["rabbitmqctl", "-q", f"list_{kind}", "--no-table-headers", "name"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+        names[kind] = [n for n in listing.stdout.split() if n.startswith(prefix)]
+    with Connection(broker) as conn:
+        channel = conn.default_channel
+        for queue in names["queues"]:
+            channel.queue_delete(queue)
+        for exchange in names["exchanges"]:
+            channel.exchange_delete(exchange)
+    return len(names["queues"]) + len(names["exchanges"])
+
+
+def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "demo_app", *args],
+        cwd=HERE,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_for(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{path.name}: process exited early:\n{path.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
+    raise RuntimeError(f"{path.name}: no {needle!r} within {timeout}s:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _queue_depth(queue: str) -> int:
+    from kombu import Connection
+
+    with Connection(BROKER) as conn:
+        return conn.default_channel.queue_declare(queue, passive=True).message_count
+
+
+def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded: bool = False) -> dict[str, Any]:
+    """Run the demo; return its figures (see the module docstring).
+
+    With ``embedded``, no separate beat: ``beats`` workers each run the scheduler inside
+    (``celery worker -B``).
+    """
+    prefix = f"demo-{uuid.uuid4().hex[:8]}."
+    tmp = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
+    executions = tmp / "executions.jsonl"
+    env = dict(
+        os.environ,
+        ANARCHON_DEMO_PREFIX=prefix,
+        ANARCHON_DEMO_LOG=str(executions),
+        ANARCHON_DEMO_BROKER=BROKER,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
+    worker_args = ["worker", "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        if embedded:
+            beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
+            workers = [
+                _start([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env)
+                for i, log in enumerate(beat_logs)
+            ]
+            beat_procs: list[subprocess.Popen[bytes]] = []
+            procs += workers
+        else:
+            workers = [_start([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
+            procs += workers
+            _wait_for(tmp / "worker.log", "ready.", workers[0], 60)
+            beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
+            beat_procs = [_start(["beat", "-l", "info", "--pidfile="], log, env) for log in beat_logs]
+            procs += beat_procs
+        for log, proc in zip(beat_logs, beat_procs or workers):
+            _wait_for(log, "anarchon: ready as", proc, 60)
+        window_start = now_ms()
+        time.sleep(duration)
+        window_end = now_ms()
+        for proc in beat_procs:
+            _stop(proc)
+        if embedded:  # stop the schedulers first, then let the queue drain
+            for proc in workers:
+                proc.send_signal(signal.SIGTERM)
+        else:
+            deadline = time.monotonic() + 60
+            while _queue_depth(f"{prefix}tasks") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(1)  # the last task may still be executing
+        for proc in workers:
+            _stop(proc)
+        return _report(prefix, env, beat_logs, executions, window_start, window_end)
+    finally:
+        for proc in procs:
+            _stop(proc)
+        delete_prefixed(prefix)
+        if keep_logs:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _report(
+    prefix: str,
+    env: dict[str, str],
+    beat_logs: list[Path],
+    executions: Path,
+    window_start: int,
+    window_end: int,
+) -> dict[str, Any]:
+    # The jobs, as the scheduler sees them: import the demo app with the same settings.
+    os.environ.update({k: env[k] for k in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER")})
+    sys.path.insert(0, str(HERE))
+    import demo_app
+
+    from anarchon_celery import Settings, task_id_for
+    from anarchon_celery.jobs import collect_jobs
+
+    settings = Settings.from_app(demo_app.app)
+    jobs = collect_jobs(demo_app.app, settings, settings.slot_ttl_ms)
+
+    winners: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for i, log in enumerate(beat_logs):
+        for job, slot in WON.findall(log.read_text(errors="replace")):
+            winners[(job, int(slot))].append(log.stem)
+    lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
+    executed = Counter(line["task_id"] for line in lines)
+
+    runs = []
+    for job in jobs:
+        for slot in job.schedule.slots(window_start, window_end - END_MARGIN_MS):
+            task_id = task_id_for(prefix, job.name, slot)
+            runs.append(
+                {
+                    "job": job.name,
+                    "slot": slot,
+                    "task_id": task_id,
+                    "winners": winners.get((job.name, slot), []),
+                    "executed": executed.get(task_id, 0),
+                }
+            )
+    runs.sort(key=lambda r: (r["slot"], r["job"]))
+    return {
+        "beats": len(beat_logs),
+        "window_s": round((window_end - window_start) / 1000, 1),
+        "expected": len(runs),
+        "executed": sum(1 for r in runs if r["executed"]),
+        "duplicates": sum(1 for r in runs if r["executed"] > 1),
+        "missed": sum(1 for r in runs if r["executed"] == 0),
+        # Over every execution, also outside the window: a task id executed twice anywhere.
+        "duplicate_executions_total": sum(n - 1 for n in executed.values() if n > 1),
+        "runs": runs,
+    }
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    print(f"{'job':<10} {'slot (UTC)':<25} {'won by':<10} executed")
+    for run_ in result["runs"]:
+        when = dt.datetime.fromtimestamp(run_["slot"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+        print(f"{run_['job']:<10} {when:<25} {','.join(run_['winners']) or '-':<10} {run_['executed']}")
+    print(
+        f"\n{result['beats']} beat instances, {result['window_s']} s: {result['expected']} runs expected, "
+        f"{result['executed']} executed, {result['duplicates']} duplicated, {result['missed']} missed"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--beats", type=int, default=3, help="beat instances (default 3)")
+    parser.add_argument("--duration", type=float, default=60, help="seconds to run (default 60)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    parser.add_argument("--embedded", action="store_true", help="run the schedulers inside workers (-B)")
+    options = parser.parse_args(argv)
+    result = run(options.beats, options.duration, options.keep_logs, options.embedded)
+    if options.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+    ok = result["duplicates"] == 0 and result["missed"] == 0 and result["duplicate_executions_total"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

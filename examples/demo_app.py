@@ -1,0 +1,75 @@
+"""A small Celery app scheduled by anarchon_celery: run by ``examples/demo.py``.
+
+Each task appends one JSON line per execution to the file named by ``ANARCHON_DEMO_LOG``, with the
+task id and the ``anarchon_*`` headers the scheduler sent it with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+
+from celery import Celery
+from celery.schedules import crontab
+
+import anarchon_celery
+
+PREFIX = os.environ.get("ANARCHON_DEMO_PREFIX", "demo.")
+
+app = Celery("demo_app", broker=os.environ.get("ANARCHON_DEMO_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+app.conf.update(
+    timezone="Europe/Paris",
+    beat_scheduler="anarchon_celery.Scheduler",
+    task_default_queue=f"{PREFIX}tasks",
+    anarchon_prefix=PREFIX,
+    anarchon_jitter_ms=500,
+    anarchon_max_late_ms=5_000,
+    anarchon_slot_ttl_ms=60_000,
+    broker_connection_retry_on_startup=True,
+    beat_schedule={
+        # A plain beat_schedule entry: a cron string with seconds (first field) and arguments.
+        "squares": {"task": "demo_app.square", "schedule": "*/3 * * * * *", "args": (7,)},
+        # A Celery crontab: once a minute, on the app's time zone.
+        "minutely": {"task": "demo_app.record", "schedule": crontab()},
+    },
+)
+
+
+def _record(task, **extra) -> None:
+    headers = task.request.headers or {}
+    line = {
+        "task_id": task.request.id,
+        "task": task.name,
+        "job": headers.get("anarchon_job", task.request.get("anarchon_job")),
+        "slot": headers.get("anarchon_slot", task.request.get("anarchon_slot")),
+        "pid": os.getpid(),
+        **extra,
+    }
+    path = os.environ.get("ANARCHON_DEMO_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+
+
+@anarchon_celery.cron("*/2 * * * * *")  # every 2 seconds
+@app.task(bind=True)
+def tick(self) -> None:
+    _record(self)
+
+
+@anarchon_celery.cron(timedelta(seconds=5), name="report", jitter_ms=200)  # epoch-aligned interval
+@app.task(bind=True)
+def build_report(self) -> None:
+    _record(self)
+
+
+@app.task(bind=True)
+def square(self, n: int) -> int:
+    _record(self, result=n * n)
+    return n * n
+
+
+@app.task(bind=True)
+def record(self) -> None:
+    _record(self)

@@ -1,0 +1,274 @@
+"""The claim, against the real RabbitMQ (and the in-memory backend through the same contract)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection
+
+from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend
+from anarchon_celery.backends import Backend
+from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name
+
+pytestmark = pytest.mark.broker
+
+
+def rabbit(broker_url: str, prefix: str, **kwargs: Any) -> RabbitMQBackend:
+    backend = RabbitMQBackend(broker_url, prefix=prefix, slot_ttl_ms=kwargs.pop("slot_ttl_ms", 60_000), **kwargs)
+    backend.open()
+    return backend
+
+
+@pytest.fixture(params=["rabbitmq", "memory"])
+def make_backend(request: pytest.FixtureRequest, broker_url: str, prefix: str) -> Iterator[Any]:
+    """Factory of backends that share their claims (as instances of one deployment would)."""
+    made: list[Backend] = []
+    shared_memory = MemoryBackend(prefix=prefix)
+
+    def make() -> Backend:
+        backend: Backend = rabbit(broker_url, prefix) if request.param == "rabbitmq" else shared_memory
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+# -- the contract, on every backend ---------------------------------------------------------------
+
+
+def test_first_claim_wins_and_the_others_lose(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    assert a.claim([Claim("job", 1000)], "a") == [Outcome.WON]
+    assert b.claim([Claim("job", 1000)], "b") == [Outcome.LOST]
+    assert a.claim([Claim("job", 1000)], "a") == [Outcome.LOST]  # even for the winner: once only
+
+
+def test_batches_answer_each_claim_in_order(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    assert a.claim([Claim("x", 1), Claim("y", 1)], "a") == [Outcome.WON, Outcome.WON]
+    claims = [Claim("x", 1), Claim("x", 2), Claim("y", 1), Claim("z", 1)]
+    assert b.claim(claims, "b") == [Outcome.LOST, Outcome.WON, Outcome.LOST, Outcome.WON]
+    assert a.claim([], "a") == []
+
+
+def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
+    backend = make_backend()
+    claims = [Claim(job, slot) for job in ("a", "b", "a-b", "a_b") for slot in (0, 1, 10**13)]
+    assert backend.claim(claims, "i") == [Outcome.WON] * len(claims)
+
+
+# -- RabbitMQ specifics ---------------------------------------------------------------------------
+
+
+def _race(args: tuple[str, str, int, int, Any]) -> list[str]:
+    url, prefix, rounds, me, start = args
+    backend = RabbitMQBackend(url, prefix=prefix, slot_ttl_ms=60_000)
+    backend.open()
+    start.wait()
+    try:
+        return [backend.claim([Claim("race", n)], f"p{me}")[0].value for n in range(rounds)]
+    finally:
+        backend.close()
+
+
+def test_processes_racing_for_the_same_gates_get_one_winner_each(broker_url: str, prefix: str) -> None:
+    processes, rounds = 6, 150
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        start = manager.Barrier(processes)
+        with ctx.Pool(processes) as pool:
+            results = pool.map(_race, [(broker_url, prefix, rounds, i, start) for i in range(processes)])
+    for n in range(rounds):
+        outcomes = Counter(result[n] for result in results)
+        assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
+
+
+def _queue_info(name: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            "rabbitmqctl",
+            "-q",
+            "list_queues",
+            "--formatter",
+            "json",
+            "name",
+            "durable",
+            "auto_delete",
+            "exclusive",
+            "arguments",
+            "type",
+            "messages",
+            "messages_persistent",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    ).stdout
+    return next(q for q in json.loads(out) if q["name"] == name)
+
+
+def test_gate_as_seen_by_the_broker(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix, slot_ttl_ms=45_000)
+    assert backend.claim([Claim("job", 1_796_227_653_000)], "me") == [Outcome.WON]
+    backend.close()
+    info = _queue_info(gate_name(prefix, "job", 1_796_227_653_000))
+    assert info["name"] == f"{prefix}job.slot.1796227653000"
+    assert (info["durable"], info["auto_delete"], info["exclusive"], info["type"]) == (True, False, False, "classic")
+    arguments = {arg[0]: arg[-1] for arg in info["arguments"]}
+    assert arguments == {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": 45_000}
+    assert (info["messages"], info["messages_persistent"]) == (1, 1)
+
+
+def test_claim_body_names_the_instance(broker_url: str, prefix: str, connection: Connection) -> None:
+    backend = rabbit(broker_url, prefix)
+    assert backend.claim([Claim("job", 5)], "host-a:123") == [Outcome.WON]
+    backend.close()
+    channel = connection.channel()
+    message = channel.basic_get(gate_name(prefix, "job", 5), no_ack=False)  # the gate is decided
+    body = json.loads(message.body)
+    assert (body["job"], body["slot"], body["instance"]) == ("job", 5, "host-a:123")
+    assert isinstance(body["claimed_at_ms"], int)
+    channel.close()
+
+
+class _NoDeclare(RabbitMQBackend):
+    """Publishes without declaring: as if the gate expired between declare and publish."""
+
+    def _declare_gate(self, gate: str) -> bool:
+        return True
+
+
+def test_an_unroutable_claim_is_not_a_win(broker_url: str, prefix: str) -> None:
+    backend = _NoDeclare(broker_url, prefix=prefix, slot_ttl_ms=60_000)
+    backend.open()
+    assert backend.claim([Claim("gone", 1), Claim("gone", 2)], "me") == [Outcome.UNDECIDED] * 2
+    backend.close()
+    # The channel was not poisoned: a normal claim on a fresh backend still wins, then loses.
+    other = rabbit(broker_url, prefix)
+    assert other.claim([Claim("gone", 1)], "me") == [Outcome.WON]
+    assert other.claim([Claim("gone", 1)], "me") == [Outcome.LOST]
+    other.close()
+
+
+def test_existing_gates_with_another_ttl_or_durability_are_used(
+    broker_url: str, prefix: str, connection: Connection
+) -> None:
+    channel = connection.channel()
+    other_ttl = gate_name(prefix, "job", 1)
+    channel.queue_declare(other_ttl, durable=True, auto_delete=False, arguments=gate_arguments(90_000))
+    transient = gate_name(prefix, "job", 2)
+    channel.queue_declare(transient, durable=False, auto_delete=False, arguments=gate_arguments(60_000))
+    both = gate_name(prefix, "job", 3)
+    channel.queue_declare(both, durable=False, auto_delete=False, arguments=gate_arguments(120_000))
+    no_ttl = gate_name(prefix, "job", 4)
+    args = gate_arguments(1)
+    del args["x-expires"]
+    channel.queue_declare(no_ttl, durable=True, auto_delete=False, arguments=args)
+    a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
+    claims = [Claim("job", n) for n in (1, 2, 3, 4)]
+    assert a.claim(claims, "a") == [Outcome.WON] * 4
+    assert b.claim(claims, "b") == [Outcome.LOST] * 4
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize(
+    "durable, arguments",
+    [
+        (True, {"x-max-length": 2, "x-overflow": "reject-publish", "x-expires": 60_000}),
+        (True, {"x-max-length": 1, "x-overflow": "drop-head", "x-expires": 60_000}),
+        (True, {"x-max-length": 1, "x-expires": 60_000}),
+        (True, {}),
+        (False, {"x-expires": 90_000}),
+        (True, {"x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"}),
+    ],
+)
+def test_a_queue_that_is_not_a_gate_never_counts_as_won(
+    broker_url: str,
+    prefix: str,
+    connection: Connection,
+    durable: bool,
+    arguments: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = gate_name(prefix, "job", 7)
+    connection.channel().queue_declare(name, durable=durable, auto_delete=False, arguments=arguments)
+    backend = rabbit(broker_url, prefix)
+    assert backend.claim([Claim("job", 7), Claim("job", 8)], "me") == [Outcome.NOT_A_GATE, Outcome.WON]
+    assert backend.claim([Claim("job", 7)], "me") == [Outcome.NOT_A_GATE]
+    backend.close()
+    assert f"queue '{name}' exists but is not a gate" in caplog.text
+    assert connection.channel().queue_declare(name, passive=True).message_count == 0
+
+
+def test_a_connection_passed_in_is_never_closed(broker_url: str, prefix: str) -> None:
+    with Connection(broker_url) as mine:
+        backend = RabbitMQBackend(connection=mine, prefix=prefix)
+        backend.open()
+        assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
+        backend.close()
+        assert mine.connected
+        mine.default_channel.queue_declare(gate_name(prefix, "job", 1), passive=True)
+
+
+def test_the_password_is_never_shown(prefix: str) -> None:
+    backend = RabbitMQBackend("amqp://guest:s3cr3t-pw@127.0.0.1:5672//", prefix=prefix)
+    assert "s3cr3t-pw" not in backend.describe()
+    assert "guest:**@127.0.0.1" in backend.describe()
+
+
+def test_an_unreachable_broker_is_a_clear_error(prefix: str) -> None:
+    backend = RabbitMQBackend("amqp://guest:s3cr3t-pw@127.0.0.1:1//", prefix=prefix)
+    with pytest.raises(BrokerError, match="cannot reach RabbitMQ at amqp://guest:\\*\\*@127.0.0.1:1//") as info:
+        backend.open()
+    assert "s3cr3t-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "properties, expected",
+    [
+        ({"product": b"RabbitMQ", "version": b"3.10.8"}, (3, 10, 8)),
+        ({"product": "RabbitMQ", "version": "4.1.0"}, (4, 1, 0)),
+        ({"product": b"RabbitMQ", "version": b"3.9.0"}, (3, 9, 0)),
+        ({"product": b"RabbitMQ", "version": b"3.8.35"}, "needs RabbitMQ 3.9 or newer"),
+        ({"product": b"LavinMQ", "version": b"2.0.0"}, "is LavinMQ 2.0.0"),
+        ({}, "an unknown broker of unknown version"),
+    ],
+)
+def test_broker_version_check(properties: dict[str, Any], expected: Any) -> None:
+    if isinstance(expected, tuple):
+        assert check_server(properties, "amqp://x") == expected
+    else:
+        with pytest.raises(BrokerError, match=expected):
+            check_server(properties, "amqp://x")
+
+
+def test_the_connected_broker_passes_the_version_check(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix)
+    assert backend.server_version >= (3, 9)
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"url": "redis://localhost"}, "needs an AMQP URL"),
+        ({"prefix": "a b"}, "invalid prefix"),
+        ({"slot_ttl_ms": -1}, "slot_ttl_ms must be a positive integer"),
+        ({"confirm_timeout": 0}, "confirm_timeout"),
+        ({"connection": "amqp://x"}, "connection must be a kombu Connection"),
+    ],
+)
+def test_bad_backend_options(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RabbitMQBackend(**kwargs)

@@ -1,0 +1,294 @@
+"""Jobs from @cron and beat_schedule, and every check that fails at start. No broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import string
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import anarchon_celery
+from anarchon_celery import ConfigError, Cron, Interval, MemoryBackend, Settings, task_id_for
+from anarchon_celery.jobs import collect_jobs
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery(f"app{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    app.conf.update(anarchon_backend="memory://", **conf)
+
+    @app.task(name="tasks.work", shared=False)
+    def work(*args: Any, **kwargs: Any) -> None: ...
+
+    @app.task(name="tasks.other", shared=False)
+    def other() -> None: ...
+
+    return app
+
+
+def jobs_of(app: Celery, slot_ttl_ms: int = 300_000) -> dict[str, anarchon_celery.Job]:
+    return {job.name: job for job in collect_jobs(app, Settings.from_app(app), slot_ttl_ms)}
+
+
+def entry(**overrides: Any) -> dict[str, Any]:
+    return {"task": "tasks.work", "schedule": "*/5 * * * *", **overrides}
+
+
+# -- beat_schedule entries ------------------------------------------------------------------------
+
+
+def test_beat_schedule_entries_become_jobs() -> None:
+    app = make_app(
+        timezone="Europe/Paris",
+        anarchon_jitter_ms=100,
+        beat_schedule={
+            "every-5-min": entry(args=(1, 2), kwargs={"x": 3}, options={"queue": "q", "priority": 5}),
+            "crontab": entry(schedule=crontab(minute=0, hour=3), tz="Asia/Tokyo", max_late_ms=5000),
+            "interval": entry(schedule=dt.timedelta(seconds=30), jitter_ms=0, history_size=7),
+            "seconds": entry(schedule=10),
+        },
+    )
+    jobs = jobs_of(app)
+    assert sorted(jobs) == ["crontab", "every-5-min", "interval", "seconds"]
+    five = jobs["every-5-min"]
+    assert five.schedule == Cron("*/5 * * * *", "Europe/Paris")  # the app's time zone by default
+    assert (five.args, dict(five.kwargs), dict(five.options)) == ((1, 2), {"x": 3}, {"queue": "q", "priority": 5})
+    assert (five.jitter_ms, five.max_late_ms, five.history_size) == (100, 60_000, 100)
+    assert jobs["crontab"].schedule == Cron("0 3 * * *", "Asia/Tokyo", day_or=False)
+    assert jobs["crontab"].max_late_ms == 5000
+    assert jobs["interval"].schedule == Interval(30_000)
+    assert (jobs["interval"].jitter_ms, jobs["interval"].history_size) == (0, 7)
+    assert jobs["seconds"].schedule == Interval(10_000)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("has.dot", "job name 'has.dot' is invalid"),
+        ("has space", "is invalid"),
+        ("", "is invalid"),
+        ("é", "is invalid"),
+        ("a/b", "is invalid"),
+    ],
+)
+def test_job_names_are_checked(name: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        jobs_of(make_app(beat_schedule={name: entry()}))
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (entry(schedule="61 * * * *"), "job 'j': invalid cron spec '61 \\* \\* \\* \\*'"),
+        (entry(tz="Nowhere/Atlantis"), "job 'j': unknown time zone 'Nowhere/Atlantis'"),
+        (entry(task="tasks.wrok"), "job 'j': task 'tasks.wrok' is not registered .* Did you mean 'tasks.work'"),
+        (entry(task=None), "job 'j': 'task' must be the name"),
+        ({"task": "tasks.work"}, "job 'j': 'schedule' is missing"),
+        (entry(jiter_ms=5), "job 'j': unknown key 'jiter_ms'. Did you mean 'jitter_ms'"),
+        (entry(jitter_ms=-1), "job 'j': jitter_ms must be an integer >= 0"),
+        (entry(max_late_ms="60s"), "job 'j': max_late_ms must be an integer"),
+        (entry(history_size=0), "job 'j': history_size must be an integer >= 1"),
+        (entry(jitter_ms=True), "job 'j': jitter_ms must be an integer"),
+        (entry(args="abc"), "job 'j': args must be a list or tuple"),
+        (entry(kwargs=[1]), "job 'j': kwargs must be a dict"),
+        (entry(options=[1]), "job 'j': options must be a dict"),
+        (entry(options={"task_id": "x"}), "job 'j': options \\['task_id'\\] are set by the scheduler"),
+        (entry(relative=True), "job 'j': relative=True is not supported"),
+        (entry(schedule=dt.timedelta(milliseconds=10)), "job 'j': interval of 10 ms is too short"),
+        ("not a dict", "job 'j': the entry must be a dict"),
+    ],
+)
+def test_bad_entries_fail_with_the_job_named(bad: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        jobs_of(make_app(beat_schedule={"j": bad}))
+
+
+@pytest.mark.parametrize(
+    "key, what",
+    [
+        ("backup_runners", "backup runners"),
+        ("backups", "backup runners"),
+        ("no_overlap", "overlap protection"),
+        ("catch_up", "catch-up"),
+        ("hand_over", "hand-over"),
+    ],
+)
+def test_lease_options_are_refused_with_the_backends_that_offer_them(key: str, what: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        jobs_of(make_app(beat_schedule={"j": entry(**{key: True})}))
+    message = str(info.value)
+    assert f"job 'j': {key} is not available: {what}" in message
+    assert "Redis, PostgreSQL and SQLite" in message
+
+
+def test_history_ttl_is_refused() -> None:
+    with pytest.raises(ConfigError, match="history_ttl_ms is not available: history is .* trimmed by size only"):
+        jobs_of(make_app(beat_schedule={"j": entry(history_ttl_ms=1000)}))
+
+
+@pytest.mark.parametrize(
+    "jitter, late, ttl, ok",
+    [
+        (2_000, 60_000, 300_000, True),
+        (0, 299_999, 300_000, True),
+        (1, 299_999, 300_000, False),
+        (2_000, 60_000, 62_000, False),
+        (2_000, 60_000, 62_001, True),
+    ],
+)
+def test_safety_rule(jitter: int, late: int, ttl: int, ok: bool) -> None:
+    app = make_app(beat_schedule={"j": entry(jitter_ms=jitter, max_late_ms=late)})
+    if ok:
+        assert jobs_of(app, slot_ttl_ms=ttl)["j"].max_late_ms == late
+    else:
+        with pytest.raises(ConfigError, match=r"job 'j': jitter_ms \+ max_late_ms .* must be shorter than slot_ttl_ms"):
+            jobs_of(app, slot_ttl_ms=ttl)
+
+
+def test_unknown_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown setting.*anarchon_max_lat_ms"):
+        Settings.from_app(make_app(anarchon_max_lat_ms=5))
+    with pytest.raises(ConfigError, match="anarchon_jitter_ms must be an integer"):
+        Settings.from_app(make_app(anarchon_jitter_ms="2s"))
+
+
+# -- @cron ----------------------------------------------------------------------------------------
+
+
+def test_cron_decorator_above_and_below_the_task_decorator() -> None:
+    app = make_app(beat_schedule={"plain": entry()})
+
+    @anarchon_celery.cron("0 * * * *")
+    @app.task(name="tasks.above", shared=False)
+    def above() -> None: ...
+
+    @app.task(name="tasks.below", bind=True, shared=False)
+    @anarchon_celery.cron(dt.timedelta(minutes=1), name="below-1", jitter_ms=0)
+    @anarchon_celery.cron("30 * * * *", name="below-2", tz="America/New_York")
+    def below(self: Any) -> None: ...
+
+    jobs = jobs_of(app)
+    assert sorted(jobs) == ["above", "below-1", "below-2", "plain"]
+    assert (jobs["above"].task, jobs["above"].schedule) == ("tasks.above", Cron("0 * * * *", "UTC"))
+    assert (jobs["below-1"].schedule, jobs["below-1"].jitter_ms) == (Interval(60_000), 0)
+    assert jobs["below-2"].schedule == Cron("30 * * * *", "America/New_York")
+
+
+def test_cron_tasks_of_another_app_are_not_collected() -> None:
+    mine, theirs = make_app(), make_app()
+
+    @anarchon_celery.cron("0 * * * *", name="theirs")
+    @theirs.task(name="tasks.theirs", shared=False)
+    def work() -> None: ...
+
+    assert jobs_of(mine) == {}
+    assert list(jobs_of(theirs)) == ["theirs"]
+
+
+def test_two_jobs_with_one_name_are_refused() -> None:
+    app = make_app(beat_schedule={"dup": entry()})
+
+    @anarchon_celery.cron("0 * * * *", name="dup")
+    @app.task(name="tasks.dup", shared=False)
+    def dup() -> None: ...
+
+    with pytest.raises(ConfigError, match="two jobs are named 'dup'"):
+        jobs_of(app)
+
+
+def test_cron_decorator_fails_early_on_a_bad_spec_or_option() -> None:
+    with pytest.raises(ConfigError, match="invalid cron spec"):
+        anarchon_celery.cron("* * * * * * * *")
+    with pytest.raises(ConfigError, match="catch_up is not available"):
+        anarchon_celery.cron("* * * * *", catch_up=True)
+    with pytest.raises(ConfigError, match="must decorate a Celery task"):
+        anarchon_celery.cron("* * * * *")(42)
+
+
+def test_task_ids_are_deterministic_and_distinct() -> None:
+    a = task_id_for("cron.", "job", 1_000)
+    assert a == task_id_for("cron.", "job", 1_000)
+    assert (
+        len(
+            {
+                a,
+                task_id_for("cron.", "job", 2_000),
+                task_id_for("other.", "job", 1_000),
+                task_id_for("cron.", "jobb", 1_000),
+            }
+        )
+        == 4
+    )
+    assert str(uuid.UUID(a)) == a
+
+
+def test_memory_backend_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="invalid prefix"):
+        MemoryBackend(prefix="bad prefix")
+    with pytest.raises(ConfigError, match="slot_ttl_ms must be a positive integer"):
+        MemoryBackend(slot_ttl_ms=0)
+
+
+# -- hostile configurations -----------------------------------------------------------------------
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.binary(max_size=4),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.sampled_from(
+        [
+            "*/5 * * * *",
+            "@hourly",
+            "* * * * * *",
+            "Europe/Paris",
+            "tasks.work",
+            dt.timedelta(seconds=-1),
+            dt.timedelta(seconds=2),
+            crontab(minute=7),
+            "H * * * *",
+            "0 0 30 2 *",
+            object(),
+        ]
+    ),
+)
+KEYS = st.sampled_from(
+    [
+        "task",
+        "schedule",
+        "args",
+        "kwargs",
+        "options",
+        "jitter_ms",
+        "max_late_ms",
+        "history_size",
+        "tz",
+        "relative",
+        "catch_up",
+        "history_ttl_ms",
+        "bogus",
+    ]
+)
+NAMES = st.one_of(st.text(alphabet=string.ascii_letters + string.digits + "_-. /é", max_size=12), st.integers())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(NAMES, st.dictionaries(KEYS, VALUES, max_size=6), max_size=3))
+def test_hostile_beat_schedules_work_or_fail_with_a_config_error(schedule: dict[Any, Any]) -> None:
+    app = make_app(beat_schedule=schedule)
+    try:
+        jobs = jobs_of(app)
+    except ConfigError as exc:
+        assert str(exc)
+    else:
+        for job in jobs.values():
+            assert job.next_slot(0) > 0

@@ -1,0 +1,201 @@
+"""The Scheduler in-process, on the real RabbitMQ, with a simulated clock (no sleeping, no timing)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu import Connection, Exchange, Queue
+
+import anarchon_celery
+from anarchon_celery import ConfigError, MemoryBackend, Scheduler, task_id_for
+from anarchon_celery import scheduler as scheduler_module
+
+pytestmark = pytest.mark.broker
+
+T0 = 1_796_227_200_000  # 2026-12-02 16:00:00 UTC, a multiple of every interval used here
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock(T0 - 500)
+    monkeypatch.setattr(scheduler_module, "now_ms", fake)
+    return fake
+
+
+@pytest.fixture
+def app(broker_url: str, prefix: str) -> Iterator[Celery]:
+    app = Celery(f"app{uuid.uuid4().hex[:6]}", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"{prefix}tasks",
+        anarchon_prefix=prefix,
+        anarchon_slot_ttl_ms=60_000,
+        anarchon_max_late_ms=5_000,
+        anarchon_jitter_ms=300,
+    )
+
+    @app.task(name="tasks.work", shared=False)
+    def work(*args: Any, **kwargs: Any) -> None: ...
+
+    with Connection(broker_url) as conn:  # the worker would declare it; here nobody else does
+        Queue(f"{prefix}tasks", Exchange(f"{prefix}tasks"), f"{prefix}tasks")(conn.default_channel).declare()
+    yield app
+    app.close()
+
+
+def sent(broker_url: str, queue: str) -> list[Any]:
+    """Every task message waiting in `queue` (drained)."""
+    messages = []
+    with Connection(broker_url) as conn:
+        channel = conn.default_channel
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            messages.append(message)
+    return messages
+
+
+def run_until(clock: Clock, schedulers: list[Scheduler], end: int) -> None:
+    """Advance the simulated clock from wake-up to wake-up, as `celery beat` would sleep."""
+    while clock.now < end:
+        wake = min(clock.now + round(s.tick() * 1000) for s in schedulers)
+        clock.now = max(wake, clock.now + 1)
+
+
+def test_two_schedulers_send_each_run_once(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    app.conf.beat_schedule = {
+        "every-second": {"task": "tasks.work", "schedule": 1.0, "args": (1,), "options": {"priority": 3}},
+        "cron": {"task": "tasks.work", "schedule": "*/2 * * * * *", "kwargs": {"k": "v"}},
+    }
+    schedulers = [Scheduler(app), Scheduler(app)]
+    schedulers[1].instance = "other-instance"
+    run_until(clock, schedulers, T0 + 10_000)
+    for s in schedulers:
+        s.close()
+
+    messages = sent(broker_url, f"{prefix}tasks")
+    expected = {("every-second", T0 + n * 1000) for n in range(10)} | {("cron", T0 + n * 2000) for n in range(5)}
+    seen = [(m.headers["anarchon_job"], m.headers["anarchon_slot"]) for m in messages]
+    assert sorted(seen) == sorted(expected)  # every run, each once
+    for message in messages:
+        job, slot = message.headers["anarchon_job"], message.headers["anarchon_slot"]
+        assert message.headers["id"] == task_id_for(prefix, job, slot)
+        assert message.headers["anarchon_run"] == message.headers["id"]
+        assert message.headers["task"] == "tasks.work"
+        if job == "every-second":
+            assert message.properties["priority"] == 3
+            assert message.headers["argsrepr"] == "(1,)"
+        else:
+            assert message.headers["kwargsrepr"] == "{'k': 'v'}"
+
+
+def test_cron_decorated_tasks_are_scheduled(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    @anarchon_celery.cron("*/5 * * * * *", name="decorated", jitter_ms=0)
+    @app.task(name="tasks.decorated", shared=False)
+    def decorated() -> None: ...
+
+    scheduler = Scheduler(app)
+    run_until(clock, [scheduler], T0 + 10_001)
+    scheduler.close()
+    slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks"))
+    assert slots == [T0, T0 + 5000, T0 + 10_000]
+
+
+def test_a_late_run_is_skipped_not_caught_up(
+    app: Celery, clock: Clock, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "max_late_ms": 2000}}
+    scheduler = Scheduler(app)
+    clock.now = T0 + 2001  # the run of slot T0 is found 2001 ms late
+    scheduler.tick()
+    assert "job 'job' slot 1796227200000: found 2001 ms late (max_late_ms 2000); skipped" in caplog.text
+    # A long pause: everything more than max_late_ms late is skipped at once, with one line.
+    clock.now = T0 + 60_000
+    scheduler.tick()
+    assert "runs from slot 1796227202000 up to slot 1796227258000 are more than max_late_ms" in caplog.text
+    run_until(clock, [scheduler], T0 + 60_500)
+    scheduler.close()
+    slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks"))
+    assert slots == [T0 + 58_000, T0 + 59_000, T0 + 60_000]  # late, but within max_late_ms
+
+
+def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 3600.0, "jitter_ms": 0}}
+    scheduler = Scheduler(app)
+    clock.now = T0 + 1000
+    # The next run is an hour away: sleep no longer than the backend's heartbeat allows.
+    assert scheduler.tick() == pytest.approx(scheduler.backend.max_idle_s())
+    clock.now = T0 + 3600_000 - 1500
+    assert scheduler.tick() == pytest.approx(1.5)
+    scheduler.close()
+
+
+def test_a_refused_send_is_logged_with_job_and_slot(
+    app: Celery, clock: Clock, caplog: pytest.LogCaptureFixture, prefix: str
+) -> None:
+    full = f"{prefix}full"  # a queue that refuses every message: the broker nacks the task
+    refusing = Queue(
+        full,
+        Exchange(full),
+        full,
+        durable=True,
+        auto_delete=False,
+        queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+    )
+    app.conf.beat_schedule = {
+        "refused": {
+            "task": "tasks.work",
+            "schedule": 1.0,
+            "jitter_ms": 0,
+            "max_late_ms": 1000,
+            "options": {"queue": refusing},
+        },
+        "fine": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0},
+    }
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    scheduler = Scheduler(app)
+    clock.now = T0
+    scheduler.tick()
+    scheduler.close()
+    assert f"job 'refused' slot {T0}: won, but sending task tasks.work" in caplog.text
+    assert "MessageNacked" in caplog.text
+    assert f"job 'fine' slot {T0}: won, sent tasks.work" in caplog.text
+
+
+def test_banner_names_backend_prefix_and_jobs_without_the_password(app: Celery, prefix: str) -> None:
+    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:5672//"
+    app.conf.beat_schedule = {"a": {"task": "tasks.work", "schedule": 5.0}, "b": {"task": "tasks.work", "schedule": 7}}
+    info = Scheduler(app, lazy=True).info
+    assert "rabbitmq amqp://guest:**@127.0.0.1:5672//" in info
+    assert f"prefix '{prefix}'" in info and "anarchon jobs -> 2" in info
+    assert ":guest@" not in info
+
+
+def test_configuration_errors_fail_at_start_with_the_job_named(app: Celery) -> None:
+    app.conf.beat_schedule = {"bad": {"task": "tasks.work", "schedule": "99 * * * *"}}
+    with pytest.raises(ConfigError, match="job 'bad': invalid cron spec"):
+        Scheduler(app)
+    assert "configuration error: job 'bad'" in Scheduler(app, lazy=True).info
+
+
+def test_memory_backend_for_testing_schedules(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    backend = MemoryBackend(prefix=prefix, slot_ttl_ms=60_000)
+    app.conf.anarchon_backend = backend
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 2.0}}
+    schedulers = [Scheduler(app) for _ in range(3)]
+    for n, s in enumerate(schedulers):
+        s.instance = f"i{n}"
+    run_until(clock, schedulers, T0 + 6000)
+    assert backend.holder("job", T0 + 2000) in {"i0", "i1", "i2"}
+    slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks"))
+    assert slots == [T0, T0 + 2000, T0 + 4000]
