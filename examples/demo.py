@@ -184,7 +184,7 @@ def _report(
     jobs = collect_jobs(demo_app.app, settings, settings.slot_ttl_ms)
 
     winners: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for i, log in enumerate(beat_logs):
+    for log in beat_logs:
         for job, slot in WON.findall(log.read_text(errors="replace")):
             winners[(job, int(slot))].append(log.stem)
     lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []

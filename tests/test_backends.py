@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,8 @@ from kombu import Connection
 from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend
 from anarchon_celery.backends import Backend
 from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name
+
+from .proxy import Proxy
 
 pytestmark = pytest.mark.broker
 
@@ -272,3 +275,96 @@ def test_the_connected_broker_passes_the_version_check(broker_url: str, prefix: 
 def test_bad_backend_options(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RabbitMQBackend(**kwargs)
+
+
+# -- lost answers ---------------------------------------------------------------------------------
+
+
+class _Hooked(RabbitMQBackend):
+    """Runs `after_declare` between the gate's declare and the claim's publish."""
+
+    after_declare: Any = None
+
+    def _declare_gate(self, gate: str) -> bool:
+        usable = super()._declare_gate(gate)
+        if self.after_declare is not None:
+            self.after_declare()
+        return usable
+
+
+@pytest.fixture
+def proxy(broker_url: str) -> Iterator[Proxy]:
+    p = Proxy()
+    yield p
+    p.close()
+
+
+def test_a_claim_without_an_answer_is_not_won_and_its_connection_is_dropped(
+    proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _Hooked(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    backend.open()
+    assert backend.claim([Claim("job", 0)], "me") == [Outcome.WON]  # channels are open
+    first = backend.connection.connection
+    backend.after_declare = proxy.stall  # the publish reaches the broker; its ack never comes back
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
+    assert "job 'job' slot 1: no answer to the claim (TimeoutError" in caplog.text
+    backend.after_declare = None
+    proxy.resume()
+    # Our unanswered claim holds the gate: nobody runs that slot (a miss, never a double).
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "me") == [Outcome.LOST, Outcome.WON]
+    assert backend.connection.connection is not first  # never read a late ack on the old one
+    backend.close()
+
+
+def test_a_connection_cut_before_the_answer_is_not_a_win(
+    proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _Hooked(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2.0)
+    backend.open()
+    backend.after_declare = proxy.cut  # the publish never reaches the broker
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
+    assert "job 'job' slot 1: no answer to the claim" in caplog.text
+    backend.after_declare = None
+    # The gate stayed empty, so the slot can still be won, on a new connection.
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
+    backend.close()
+
+
+def test_a_callers_connection_survives_a_lost_answer(proxy: Proxy, prefix: str) -> None:
+    with Connection(proxy.url()) as theirs:
+        backend = _Hooked(connection=theirs, prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+        backend.open()
+        assert backend.claim([Claim("job", 0)], "me") == [Outcome.WON]  # channels are open
+        backend.after_declare = proxy.stall
+        assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
+        backend.after_declare = None
+        proxy.resume()
+        assert backend.claim([Claim("job", 1), Claim("job", 2)], "me") == [Outcome.LOST, Outcome.WON]
+        backend.close()
+        assert theirs.connected
+
+
+def test_maintain_keeps_an_idle_connection_alive(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix, heartbeat=2)
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
+    raw = backend.connection.connection
+    idle = backend.max_idle_s()
+    assert idle is not None
+    # Idle for several heartbeat intervals, waking up as the scheduler would: without heartbeats
+    # the broker would close the connection after two missed intervals.
+    for _ in range(int(8 / idle)):
+        time.sleep(idle)
+        backend.maintain()
+    assert backend.claim([Claim("job", 2)], "me") == [Outcome.WON]
+    assert backend.connection.connection is raw  # the same connection, never re-established
+    backend.close()
+
+
+def test_a_connection_dropped_while_idle_is_replaced_before_claiming(proxy: Proxy, prefix: str) -> None:
+    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000)
+    backend.open()
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
+    proxy.cut()  # as a broker restart or a dropped idle connection would
+    assert backend.claim([Claim("job", 2)], "me") == [Outcome.WON]
+    backend.close()

@@ -9,9 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 import demo
+import pytest
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 

@@ -155,7 +155,11 @@ class RabbitMQBackend(Backend):
     ) -> None:
         self.prefix = check_prefix(prefix)
         self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
-        if not isinstance(confirm_timeout, (int, float)) or not 0 < confirm_timeout <= 300:
+        if (
+            isinstance(confirm_timeout, bool)
+            or not isinstance(confirm_timeout, (int, float))
+            or not 0 < confirm_timeout <= 300
+        ):
             raise ConfigError(f"confirm_timeout must be seconds in (0, 300], not {confirm_timeout!r}")
         self.confirm_timeout = float(confirm_timeout)
         self._owned = connection is None
@@ -167,7 +171,8 @@ class RabbitMQBackend(Backend):
                 heartbeat=heartbeat,
                 ssl=ssl,
                 connect_timeout=5,
-                transport_options={"read_timeout": 30, "write_timeout": 30},
+                # Every broker answer is awaited at most this long: a silent broker is an outage.
+                transport_options={"read_timeout": confirm_timeout, "write_timeout": confirm_timeout},
             )
         elif not isinstance(connection, Connection):
             raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
@@ -235,13 +240,20 @@ class RabbitMQBackend(Backend):
         if not claims:
             return []
         gates = [gate_name(self.prefix, c.job, c.slot) for c in claims]
-        try:
-            raw = self._connect(timeout)
-            usable = [self._declare_gate(gate) for gate in gates]
-        except self._errors() as exc:
-            self._outage(exc)
-            self._discard(connection_lost=True)
-            return [Outcome.UNDECIDED] * len(claims)
+        # Nothing is published before the gates are declared, so this part is safe to repeat: a
+        # connection found dead (the broker restarted, or dropped it while we slept) is replaced
+        # once at once, and only then is the outage reported.
+        for attempt in (1, 2):
+            try:
+                raw = self._connect(timeout)
+                usable = [self._declare_gate(gate) for gate in gates]
+                break
+            except self._errors() as exc:
+                self._discard(connection_lost=True)
+                if attempt == 2:
+                    self._outage(exc)
+                    return [Outcome.UNDECIDED] * len(claims)
+                logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
         self._recovered()
 
         outcomes: dict[str, Outcome] = {g: Outcome.NOT_A_GATE for g, ok in zip(gates, usable) if not ok}

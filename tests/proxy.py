@@ -1,0 +1,81 @@
+"""A small TCP proxy on 127.0.0.1 between a client and RabbitMQ, to cut or stall connections at
+chosen points."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class Proxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target``.
+
+    ``stall()`` holds everything the broker sends (the client sees no answer, and no close);
+    ``resume()`` lets it through again; ``cut()`` closes every open connection at once.
+    """
+
+    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
+        self.target = target
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._open = threading.Event()
+        self._open.set()  # cleared while stalled
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, user: str = "guest", password: str = "guest") -> str:
+        return f"amqp://{user}:{password}@127.0.0.1:{self.port}//"
+
+    def stall(self) -> None:
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    def cut(self) -> None:
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._open.set()
+        self._server.close()
+        self.cut()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets |= {client, upstream}
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_broker: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if from_broker:
+                    self._open.wait()
+                    if self._closed:
+                        return
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
