@@ -183,9 +183,15 @@ def _report(
     settings = Settings.from_app(demo_app.app)
     jobs = collect_jobs(demo_app.app, settings, settings.slot_ttl_ms)
 
+    from kombu import Connection
+
+    password = Connection(BROKER).password
     winners: dict[tuple[str, int], list[str]] = defaultdict(list)
+    password_shown = False
     for log in beat_logs:
-        for job, slot in WON.findall(log.read_text(errors="replace")):
+        text = log.read_text(errors="replace")
+        password_shown |= bool(password) and f":{password}@" in text
+        for job, slot in WON.findall(text):
             winners[(job, int(slot))].append(log.stem)
     lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
     executed = Counter(line["task_id"] for line in lines)
@@ -213,6 +219,7 @@ def _report(
         "missed": sum(1 for r in runs if r["executed"] == 0),
         # Over every execution, also outside the window: a task id executed twice anywhere.
         "duplicate_executions_total": sum(n - 1 for n in executed.values() if n > 1),
+        "password_in_logs": password_shown,
         "runs": runs,
     }
 

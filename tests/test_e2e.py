@@ -21,6 +21,7 @@ def assert_exactly_once(result: dict) -> None:
     assert result["duplicates"] == 0, [r for r in result["runs"] if r["executed"] > 1]
     assert result["duplicate_executions_total"] == 0
     assert result["executed"] == result["expected"]
+    assert not result["password_in_logs"]
     for run in result["runs"]:
         assert len(run["winners"]) == 1, run  # one instance won each run, and said so
 

@@ -227,6 +227,17 @@ def test_task_ids_are_deterministic_and_distinct() -> None:
     assert str(uuid.UUID(a)) == a
 
 
+def test_settings_that_contradict_a_backend_instance_are_refused() -> None:
+    from anarchon_celery.backends import backend_for
+
+    app = make_app(anarchon_prefix="a.")
+    app.conf.anarchon_backend = MemoryBackend(prefix="b.")
+    with pytest.raises(ConfigError, match="anarchon_prefix is 'a.' but the anarchon_backend instance has prefix 'b.'"):
+        backend_for(app, Settings.from_app(app))
+    app.conf.anarchon_prefix = "b."
+    assert backend_for(app, Settings.from_app(app)) is app.conf.anarchon_backend
+
+
 def test_memory_backend_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="invalid prefix"):
         MemoryBackend(prefix="bad prefix")

@@ -20,6 +20,13 @@ def backend_for(app: Any, settings: Settings) -> Backend:
     """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ."""
     chosen = settings.backend
     if isinstance(chosen, Backend):
+        for key in ("prefix", "slot_ttl_ms"):
+            given = app.conf.get(f"anarchon_{key}")
+            if given is not None and given != getattr(chosen, key):
+                raise ConfigError(
+                    f"anarchon_{key} is {given!r} but the anarchon_backend instance has {key} "
+                    f"{getattr(chosen, key)!r}: set it on the backend only"
+                )
         return chosen
     if chosen is None:
         connection = app.connection_for_write()
