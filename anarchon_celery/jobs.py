@@ -44,7 +44,11 @@ REFUSED_KEYS = {
 }
 
 #: apply_async options the scheduler sets itself.
-RESERVED_OPTIONS = frozenset({"task_id", "producer", "link", "link_error", "add_to_parent"})
+RESERVED_OPTIONS = frozenset({"task_id", "producer", "link", "link_error", "add_to_parent", "retry", "retry_policy"})
+
+#: Longest queue name RabbitMQ takes (bytes), and the longest suffix a job's queues get.
+MAX_QUEUE_NAME = 255
+_LONGEST_SUFFIX = ".slot." + "9" * 16
 
 _TASK_ID_NAMESPACE = uuid.UUID("5b0c4b8e-8f1e-4a57-9d0e-5f3b8e6d2a11")
 
@@ -81,11 +85,12 @@ def _check_int(job: str, key: str, value: Any, minimum: int) -> int:
 
 
 def _unknown_key_error(job: str, key: str) -> ConfigError:
+    where = job if job.startswith("@cron(") else f"job {job!r}"
     if key in REFUSED_KEYS:
-        return ConfigError(f"job {job!r}: {key} is not available: {REFUSED_KEYS[key]}")
+        return ConfigError(f"{where}: {key} is not available: {REFUSED_KEYS[key]}")
     close = difflib.get_close_matches(key, sorted(JOB_KEYS), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"job {job!r}: unknown key {key!r}.{hint} Known keys: {', '.join(sorted(JOB_KEYS))}")
+    return ConfigError(f"{where}: unknown key {key!r}.{hint} Known keys: {', '.join(sorted(JOB_KEYS))}")
 
 
 def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt.tzinfo) -> Job:
@@ -142,13 +147,20 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
         kwargs=dict(kwargs),
         options=dict(options),
         jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms"), 0),
-        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms"), 0),
+        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms"), 1),
         history_size=_check_int(name, "history_size", setting("history_size"), 1),
     )
 
 
-def check_safety(job: Job, slot_ttl_ms: int) -> None:
-    """The seed's safety rule: a gate must outlive the latest moment anyone may claim it."""
+def check_job(job: Job, prefix: str, slot_ttl_ms: int) -> None:
+    """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
+    outlive the latest moment anyone may claim it)."""
+    longest = len(f"{prefix}{job.name}{_LONGEST_SUFFIX}".encode())
+    if longest > MAX_QUEUE_NAME:
+        raise ConfigError(
+            f"job {job.name!r}: the name is too long: its queue names would reach {longest} bytes with "
+            f"prefix {prefix!r}, and RabbitMQ takes {MAX_QUEUE_NAME}. Shorten the job name or the prefix"
+        )
     if job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
         raise ConfigError(
             f"job {job.name!r}: jitter_ms + max_late_ms ({job.jitter_ms} + {job.max_late_ms} ms) "
@@ -190,7 +202,7 @@ def cron(
     ``@cron`` on one task make several jobs (give them distinct names).
     """
     for key in refused:
-        raise _unknown_key_error(name or "?", key)
+        raise _unknown_key_error(name or f"@cron({spec!r})", key)
     if isinstance(spec, str):
         Cron(spec, "UTC")  # a typo in a spec fails at import, not at scheduler start
     entry: dict[str, Any] = {"schedule": spec, "args": tuple(args), "kwargs": dict(kwargs or {}), "_name": name}
@@ -241,7 +253,7 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
     return result
 
 
-def collect_jobs(app: Any, settings: Settings, slot_ttl_ms: int) -> list[Job]:
+def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
     Checks names (valid, unique), tasks (registered), per-job keys and the safety rule.
@@ -267,6 +279,6 @@ def collect_jobs(app: Any, settings: Settings, slot_ttl_ms: int) -> list[Job]:
                 f"job {name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
                 "Import its module in the beat process (imports/include settings)"
             )
-        check_safety(job, slot_ttl_ms)
+        check_job(job, prefix, slot_ttl_ms)
         jobs[name] = job
     return list(jobs.values())

@@ -12,15 +12,17 @@ import logging
 import os
 import random
 import socket
-import time
 from functools import cached_property
 from typing import Any, NamedTuple
 
 from celery import beat
 
+from . import clock
 from .backends import Backend, Claim, Outcome, backend_for
+from .connections import keep_alive
 from .errors import AnarchonError
 from .jobs import Job, collect_jobs, task_id_for
+from .sending import send_run
 from .settings import Settings
 
 __all__ = ["Scheduler", "instance_id"]
@@ -31,10 +33,6 @@ logger = logging.getLogger(__name__)
 def instance_id() -> str:
     """Who this process is, as written in claims: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class _Due(NamedTuple):
@@ -68,7 +66,7 @@ class Scheduler(beat.Scheduler):
     def _configure(self) -> tuple[Settings, Backend, list[Job]]:
         settings = Settings.from_app(self.app)
         backend = backend_for(self.app, settings)
-        jobs = collect_jobs(self.app, settings, backend.slot_ttl_ms)
+        jobs = collect_jobs(self.app, settings, backend.prefix, backend.slot_ttl_ms)
         return settings, backend, jobs
 
     def setup_schedule(self) -> None:
@@ -76,7 +74,7 @@ class Scheduler(beat.Scheduler):
         backend.open()
         self._settings, self.backend = settings, backend
         self.jobs = {job.name: job for job in jobs}
-        start = now_ms()
+        start = clock.now_ms()
         self._queue = []
         for job in jobs:
             self._push(job, job.next_slot(start - 1))
@@ -98,7 +96,8 @@ class Scheduler(beat.Scheduler):
         if backend is None:
             return float(self.max_interval)
         backend.maintain()
-        now = now_ms()
+        self._keep_alive()
+        now = clock.now_ms()
         due: list[_Due] = []
         while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
             due.append(heapq.heappop(self._queue))
@@ -109,7 +108,7 @@ class Scheduler(beat.Scheduler):
         if idle is not None:
             limits.append(idle)
         if self._queue:
-            limits.append(max(0.0, (self._queue[0].due_ms - now_ms()) / 1000))
+            limits.append(max(0.0, (self._queue[0].due_ms - clock.now_ms()) / 1000))
         return min(limits)
 
     def _push(self, job: Job, slot: int) -> None:
@@ -118,12 +117,14 @@ class Scheduler(beat.Scheduler):
 
     def _run(self, due: list[_Due]) -> None:
         assert self.backend is not None
-        now = now_ms()
-        claims: list[tuple[Job, int]] = []
+        now = clock.now_ms()
+        claims: list[Claim] = []
         for item in due:
             job = self.jobs[item.job]
             self._schedule_after(job, item.slot, now)
-            late = now - item.slot
+            # Lateness counts from this instance's planned claim (slot + its jitter), so the
+            # last claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
+            late = now - item.due_ms
             if late > job.max_late_ms:
                 logger.warning(
                     "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
@@ -133,21 +134,15 @@ class Scheduler(beat.Scheduler):
                     job.max_late_ms,
                 )
                 continue
-            claims.append((job, item.slot))
+            claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
         if not claims:
             return
-        # Decide within the tightest lateness window of the batch.
-        budget_ms = min(slot + job.max_late_ms for job, slot in claims) - now
-        outcomes = self.backend.claim(
-            [Claim(job.name, slot) for job, slot in claims],
-            self.instance,
-            timeout=max(0.5, budget_ms / 1000),
-        )
-        for (job, slot), outcome in zip(claims, outcomes):
+        outcomes = self.backend.claim(claims, self.instance)
+        for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.WON:
-                self._send(job, slot)
+                self._send(self.jobs[claim.job], claim.slot, claim.deadline_ms or now)
             else:
-                logger.debug("anarchon: job %r slot %d: %s", job.name, slot, outcome.value)
+                logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
 
     def _schedule_after(self, job: Job, slot: int, now: int) -> None:
         """Queue the job's next run; runs already too late to claim are skipped at once."""
@@ -167,26 +162,20 @@ class Scheduler(beat.Scheduler):
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _send(self, job: Job, slot: int) -> None:
-        task_id = task_id_for(self.backend.prefix if self.backend else "", job.name, slot)
-        options = dict(job.options)
-        options["headers"] = {
-            **dict(options.get("headers") or {}),
-            "anarchon_job": job.name,
-            "anarchon_slot": slot,
-            "anarchon_run": task_id,
-        }
-        remaining_s = (slot + job.max_late_ms - now_ms()) / 1000
-        options["retry"] = True
-        options["retry_policy"] = {
-            "max_retries": max(0, int(remaining_s // 2)),
-            "interval_start": 0,
-            "interval_step": 1,
-            "interval_max": 2,
-        }
-        task = self.app.tasks.get(job.task)
+    def _send(self, job: Job, slot: int, deadline_ms: int) -> None:
+        assert self.backend is not None
+        task_id = task_id_for(self.backend.prefix, job.name, slot)
         try:
-            task.apply_async(job.args, dict(job.kwargs), task_id=task_id, producer=self.producer, **options)
+            send_run(
+                self.app,
+                self.connection,
+                job,
+                slot=slot,
+                task_id=task_id,
+                run_id=task_id,
+                trigger="schedule",
+                deadline_ms=deadline_ms,
+            )
         except Exception as exc:  # noqa: BLE001 - a failed send must not stop the other jobs
             logger.error(
                 "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r",
@@ -194,27 +183,31 @@ class Scheduler(beat.Scheduler):
                 slot,
                 job.task,
                 task_id,
-                exc if str(exc) else exc.__context__ or exc,  # kombu's OperationalError('') hides the nack
+                exc,
                 exc_info=True,
             )
-            self.__dict__.pop("producer", None)
             return
         logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, slot, job.task, task_id)
 
     @cached_property
     def connection(self) -> Any:
-        # Publisher confirms: a send the broker refused (a missing exchange, a full queue) is an
-        # error we can log with its job and slot, instead of a task silently lost.
-        return self.app.connection_for_write(transport_options={"confirm_publish": True})
+        """The connection tasks are sent on: the app's broker, with publisher confirms, so that
+        a message the broker refused is an error logged with its job and slot, not a task
+        silently lost; and with heartbeats and timeouts, so that a dead broker is noticed."""
+        return self.app.connection_for_write(
+            heartbeat=60,
+            transport_options={"confirm_publish": True, "read_timeout": 10, "write_timeout": 10},
+        )
 
-    @property
-    def producer(self) -> Any:
-        # Not Celery's cached producer: that one retries the connection for
-        # broker_connection_max_retries (100 by default) before the first send.
-        producer = self.__dict__.get("producer")
-        if producer is None:
-            producer = self.__dict__["producer"] = self.Producer(self.connection, auto_declare=False)
-        return producer
+    def _keep_alive(self) -> None:
+        connection = self.__dict__.get("connection")
+        if connection is None:
+            return
+        try:
+            keep_alive(connection)
+        except Exception as exc:  # noqa: BLE001 - the next send reconnects
+            logger.info("anarchon: the task connection dropped while idle (%r); it will be replaced", exc)
+            connection.collect()
 
     def close(self) -> None:
         try:

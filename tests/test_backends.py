@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend
+from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
 from anarchon_celery.backends import Backend
 from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name
 
@@ -60,6 +60,14 @@ def test_batches_answer_each_claim_in_order(make_backend: Any) -> None:
     claims = [Claim("x", 1), Claim("x", 2), Claim("y", 1), Claim("z", 1)]
     assert b.claim(claims, "b") == [Outcome.LOST, Outcome.WON, Outcome.LOST, Outcome.WON]
     assert a.claim([], "a") == []
+
+
+def test_a_claim_past_its_deadline_is_never_made(make_backend: Any) -> None:
+    backend = make_backend()
+    now = clock.now_ms()
+    claims = [Claim("job", 1, deadline_ms=now - 1), Claim("job", 2, deadline_ms=now + 60_000), Claim("job", 3)]
+    assert backend.claim(claims, "a") == [Outcome.UNDECIDED, Outcome.WON, Outcome.WON]
+    assert make_backend().claim([Claim("job", 1)], "b") == [Outcome.WON]  # nobody holds slot 1
 
 
 def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
@@ -128,7 +136,12 @@ def test_gate_as_seen_by_the_broker(broker_url: str, prefix: str) -> None:
     assert info["name"] == f"{prefix}job.slot.1796227653000"
     assert (info["durable"], info["auto_delete"], info["exclusive"], info["type"]) == (True, False, False, "classic")
     arguments = {arg[0]: arg[-1] for arg in info["arguments"]}
-    assert arguments == {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": 45_000}
+    assert arguments == {
+        "x-max-length": 1,
+        "x-overflow": "reject-publish",
+        "x-expires": 45_000,
+        "x-queue-type": "classic",
+    }
     assert (info["messages"], info["messages_persistent"]) == (1, 1)
 
 
@@ -177,10 +190,14 @@ def test_existing_gates_with_another_ttl_or_durability_are_used(
     args = gate_arguments(1)
     del args["x-expires"]
     channel.queue_declare(no_ttl, durable=True, auto_delete=False, arguments=args)
+    untyped = gate_name(prefix, "job", 5)  # made without an explicit x-queue-type
+    args = gate_arguments(60_000)
+    del args["x-queue-type"]
+    channel.queue_declare(untyped, durable=True, auto_delete=False, arguments=args)
     a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
-    claims = [Claim("job", n) for n in (1, 2, 3, 4)]
-    assert a.claim(claims, "a") == [Outcome.WON] * 4
-    assert b.claim(claims, "b") == [Outcome.LOST] * 4
+    claims = [Claim("job", n) for n in (1, 2, 3, 4, 5)]
+    assert a.claim(claims, "a") == [Outcome.WON] * 5
+    assert b.claim(claims, "b") == [Outcome.LOST] * 5
     a.close()
     b.close()
 
@@ -207,11 +224,34 @@ def test_a_queue_that_is_not_a_gate_never_counts_as_won(
     name = gate_name(prefix, "job", 7)
     connection.channel().queue_declare(name, durable=durable, auto_delete=False, arguments=arguments)
     backend = rabbit(broker_url, prefix)
-    assert backend.claim([Claim("job", 7), Claim("job", 8)], "me") == [Outcome.NOT_A_GATE, Outcome.WON]
-    assert backend.claim([Claim("job", 7)], "me") == [Outcome.NOT_A_GATE]
+    assert backend.claim([Claim("job", 7), Claim("job", 8)], "me") == [Outcome.BAD_GATE, Outcome.WON]
+    assert backend.claim([Claim("job", 7)], "me") == [Outcome.BAD_GATE]
     backend.close()
     assert f"queue '{name}' exists but is not a gate" in caplog.text
     assert connection.channel().queue_declare(name, passive=True).message_count == 0
+
+
+def test_a_gate_the_broker_refuses_costs_only_its_own_run(broker_url: str, prefix: str) -> None:
+    with Connection(broker_url) as other, Connection(broker_url) as mine:
+        # An exclusive queue of another connection, named like job j's gate: 405 RESOURCE_LOCKED.
+        other.default_channel.queue_declare(gate_name(prefix, "j", 1), exclusive=True)
+        backend = RabbitMQBackend(connection=mine, prefix=prefix, slot_ttl_ms=60_000)
+        backend.open()
+        raw = mine.connection
+        claims = [Claim("j", 1), Claim("k", 1)]
+        assert backend.claim(claims, "me") == [Outcome.BAD_GATE, Outcome.WON]
+        assert mine.connection is raw  # the caller's connection was neither closed nor replaced
+        backend.close()
+
+
+def test_a_callers_confirm_publish_connection_is_used_as_well(broker_url: str, prefix: str) -> None:
+    with Connection(broker_url, transport_options={"confirm_publish": True}) as theirs:
+        backend = RabbitMQBackend(connection=theirs, prefix=prefix, slot_ttl_ms=60_000)
+        backend.open()
+        claims = [Claim("job", 1), Claim("job", 2)]
+        assert backend.claim(claims, "a") == [Outcome.WON, Outcome.WON]
+        assert backend.claim(claims, "a") == [Outcome.LOST, Outcome.LOST]  # a nack is a loss, not an error
+        backend.close()
 
 
 def test_a_connection_passed_in_is_never_closed(broker_url: str, prefix: str) -> None:
@@ -267,6 +307,8 @@ def test_the_connected_broker_passes_the_version_check(broker_url: str, prefix: 
     [
         ({"url": "redis://localhost"}, "needs an AMQP URL"),
         ({"prefix": "a b"}, "invalid prefix"),
+        ({"prefix": "amq.cron."}, "reserves names starting with 'amq.'"),
+        ({"url": "redis://user:s3cr3t@localhost"}, "not redis://user:\\*\\*@localhost"),
         ({"slot_ttl_ms": -1}, "slot_ttl_ms must be a positive integer"),
         ({"confirm_timeout": 0}, "confirm_timeout"),
         ({"connection": "amqp://x"}, "connection must be a kombu Connection"),

@@ -32,7 +32,7 @@ def make_app(**conf: Any) -> Celery:
 
 
 def jobs_of(app: Celery, slot_ttl_ms: int = 300_000) -> dict[str, anarchon_celery.Job]:
-    return {job.name: job for job in collect_jobs(app, Settings.from_app(app), slot_ttl_ms)}
+    return {job.name: job for job in collect_jobs(app, Settings.from_app(app), "cron.", slot_ttl_ms)}
 
 
 def entry(**overrides: Any) -> dict[str, Any]:
@@ -93,6 +93,8 @@ def test_job_names_are_checked(name: str, message: str) -> None:
         (entry(jitter_ms=-1), "job 'j': jitter_ms must be an integer >= 0"),
         (entry(max_late_ms="60s"), "job 'j': max_late_ms must be an integer"),
         (entry(history_size=0), "job 'j': history_size must be an integer >= 1"),
+        (entry(max_late_ms=0), "job 'j': max_late_ms must be an integer >= 1"),
+        (entry(options={"retry": False}), "job 'j': options \\['retry'\\] are set by the scheduler"),
         (entry(jitter_ms=True), "job 'j': jitter_ms must be an integer"),
         (entry(args="abc"), "job 'j': args must be a list or tuple"),
         (entry(kwargs=[1]), "job 'j': kwargs must be a dict"),
@@ -150,6 +152,13 @@ def test_safety_rule(jitter: int, late: int, ttl: int, ok: bool) -> None:
             jobs_of(app, slot_ttl_ms=ttl)
 
 
+def test_names_too_long_for_queue_names_are_refused() -> None:
+    longest_ok = "j" * (255 - len("cron.") - len(".slot.") - 16)
+    assert jobs_of(make_app(beat_schedule={longest_ok: entry()}))
+    with pytest.raises(ConfigError, match="job 'jjj.*': the name is too long: its queue names would reach 256 bytes"):
+        jobs_of(make_app(beat_schedule={longest_ok + "j": entry()}))
+
+
 def test_unknown_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="unknown setting.*anarchon_max_lat_ms"):
         Settings.from_app(make_app(anarchon_max_lat_ms=5))
@@ -204,7 +213,7 @@ def test_two_jobs_with_one_name_are_refused() -> None:
 def test_cron_decorator_fails_early_on_a_bad_spec_or_option() -> None:
     with pytest.raises(ConfigError, match="invalid cron spec"):
         anarchon_celery.cron("* * * * * * * *")
-    with pytest.raises(ConfigError, match="catch_up is not available"):
+    with pytest.raises(ConfigError, match="^@cron\\('\\* \\* \\* \\* \\*'\\): catch_up is not available"):
         anarchon_celery.cron("* * * * *", catch_up=True)
     with pytest.raises(ConfigError, match="must decorate a Celery task"):
         anarchon_celery.cron("* * * * *")(42)

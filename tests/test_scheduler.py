@@ -13,7 +13,7 @@ from kombu import Connection, Exchange, Queue
 
 import anarchon_celery
 from anarchon_celery import ConfigError, MemoryBackend, Scheduler, task_id_for
-from anarchon_celery import scheduler as scheduler_module
+from anarchon_celery import clock as clock_module
 
 pytestmark = pytest.mark.broker
 
@@ -31,7 +31,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(T0 - 500)
-    monkeypatch.setattr(scheduler_module, "now_ms", fake)
+    monkeypatch.setattr(clock_module, "now_ms", fake)
     return fake
 
 

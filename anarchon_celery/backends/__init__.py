@@ -36,19 +36,16 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                     f"the app's broker is {connection.as_uri()}, not RabbitMQ: set "
                     "anarchon_backend to an amqp:// URL or a RabbitMQBackend"
                 )
-            url = connection.as_uri(include_password=True)
         finally:
             connection.release()
-        return RabbitMQBackend(
-            url, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, ssl=app.conf.broker_use_ssl
-        )
+        return RabbitMQBackend.from_app(app, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
     if isinstance(chosen, str):
         scheme = chosen.split("://", 1)[0]
         if scheme == "memory":
-            key = (settings.prefix, settings.slot_ttl_ms)
-            if key not in _MEMORY:
-                _MEMORY[key] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
-            return _MEMORY[key]
+            shared = (settings.prefix, settings.slot_ttl_ms)
+            if shared not in _MEMORY:
+                _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
+            return _MEMORY[shared]
         if scheme in AMQP_SCHEMES:
             return RabbitMQBackend(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
         raise ConfigError(

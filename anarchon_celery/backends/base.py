@@ -23,6 +23,8 @@ def check_prefix(prefix: object) -> str:
     """A valid name prefix, or ConfigError."""
     if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix) or len(prefix) > 100:
         raise ConfigError(f"invalid prefix {prefix!r}: use up to 100 letters, digits, '_', '-', '.' or ':'")
+    if prefix.startswith("amq."):
+        raise ConfigError(f"invalid prefix {prefix!r}: RabbitMQ reserves names starting with 'amq.'")
     return prefix
 
 
@@ -43,16 +45,22 @@ class Outcome(enum.Enum):
     #: The answer could not be known (connection lost, timeout, gate vanished). Not won: the
     #: run is skipped by this instance rather than risk running it twice.
     UNDECIDED = "undecided"
-    #: The gate exists but is not a gate (made by someone else with other arguments): never a win.
-    NOT_A_GATE = "not_a_gate"
+    #: The gate cannot serve: a queue of that name that is not a gate (made with other
+    #: arguments), or one the broker refuses (permissions). Never a win.
+    BAD_GATE = "bad_gate"
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One run to claim: a job's slot (epoch milliseconds)."""
+    """One run to claim: a job's slot (epoch milliseconds).
+
+    ``deadline_ms`` (epoch milliseconds) is the latest moment the claim may be made: a backend
+    never claims after it, since the slot may have been forgotten by then.
+    """
 
     job: str
     slot: int
+    deadline_ms: int | None = None
 
 
 class Backend(abc.ABC):
@@ -74,11 +82,10 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
         """Try to take each claim for ``instance``; one outcome per claim, in order.
 
-        ``timeout`` bounds, in seconds, the time spent getting to the broker (reconnecting)
-        before the claims are made; None leaves it to the backend.
+        A claim whose ``deadline_ms`` has passed before it could be made is ``UNDECIDED``.
 
         Never raises for broker trouble: what could not be decided is ``UNDECIDED``. Exactly one
         caller ever gets ``WON`` for a given (job, slot) while the backend remembers it

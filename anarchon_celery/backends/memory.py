@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .. import clock
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
 __all__ = ["MemoryBackend"]
@@ -27,14 +28,17 @@ class MemoryBackend(Backend):
     def open(self) -> None:
         pass
 
-    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
         now = time.monotonic()
+        now_ms = clock.now_ms()
         outcomes = []
         with self._lock:
             self._forget(now)
             for claim in claims:
                 key = (claim.job, claim.slot)
-                if key in self._taken:
+                if claim.deadline_ms is not None and now_ms > claim.deadline_ms:
+                    outcomes.append(Outcome.UNDECIDED)
+                elif key in self._taken:
                     outcomes.append(Outcome.LOST)
                 else:
                     self._taken[key] = (instance, now + self.slot_ttl_ms / 1000)

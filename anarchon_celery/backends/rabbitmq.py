@@ -25,7 +25,10 @@ from typing import Any
 import amqp
 from kombu import Connection
 from kombu.exceptions import OperationalError
+from kombu.utils.url import maybe_sanitize_url
 
+from .. import clock
+from ..connections import keep_alive, negotiated_heartbeat
 from ..errors import BrokerError, ConfigError
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
@@ -46,8 +49,12 @@ def gate_name(prefix: str, job: str, slot: int) -> str:
 
 
 def gate_arguments(slot_ttl_ms: int) -> dict[str, Any]:
-    """The arguments every gate is declared with."""
-    return {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": slot_ttl_ms}
+    """The arguments every gate is declared with.
+
+    The queue type is explicit: a broker whose default queue type is quorum would otherwise make
+    gates quorum queues, which let several publishers past ``x-max-length``.
+    """
+    return {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": slot_ttl_ms, "x-queue-type": "classic"}
 
 
 def _current_value(text: str) -> str | None:
@@ -97,7 +104,9 @@ class _Confirms:
         tag = self.next_tag
         self.next_tag += 1  # the broker numbers every publish on the channel, even a failed one
         self.pending[tag] = gate
-        self.channel.basic_publish(message, exchange="", routing_key=gate, mandatory=True)
+        # The plain publish, even on a connection made with confirm_publish=True (whose
+        # basic_publish would wait for each answer in turn and raise on a nack).
+        amqp.Channel._basic_publish(self.channel, message, exchange="", routing_key=gate, mandatory=True)
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
         if not self.dead:
@@ -132,12 +141,13 @@ class RabbitMQBackend(Backend):
     Arguments:
         url: AMQP URL of the broker (``amqp://user:password@host:5672/vhost``).
         connection: your own :class:`kombu.Connection`. You keep ownership: it is never closed
-            here (a broken one is revived, as kombu does).
+            here (a broken one is revived, as kombu does). Give it a ``read_timeout`` transport
+            option, or a broker that stops answering can hold a claim up.
         prefix: prefix of every queue name.
         slot_ttl_ms: how long RabbitMQ remembers that a run was taken (each gate's
             ``x-expires``). A job's ``jitter_ms + max_late_ms`` must be shorter.
-        confirm_timeout: seconds to wait for the broker's answer to a claim before treating it
-            as not won.
+        confirm_timeout: seconds to wait for any answer of the broker (a declare, a claim's
+            confirm) before treating the claim as not won.
         heartbeat: AMQP heartbeat of the backend's own connection, in seconds (0: none).
         ssl: as kombu's ``Connection(ssl=...)``.
     """
@@ -165,15 +175,9 @@ class RabbitMQBackend(Backend):
         self._owned = connection is None
         if connection is None:
             if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
-                raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {url!r}")
-            connection = Connection(
-                url,
-                heartbeat=heartbeat,
-                ssl=ssl,
-                connect_timeout=5,
-                # Every broker answer is awaited at most this long: a silent broker is an outage.
-                transport_options={"read_timeout": confirm_timeout, "write_timeout": confirm_timeout},
-            )
+                shown = maybe_sanitize_url(url) if isinstance(url, str) else repr(url)
+                raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {shown}")
+            connection = Connection(url, heartbeat=heartbeat, ssl=ssl, **self.connection_options())
         elif not isinstance(connection, Connection):
             raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
         elif connection.transport_cls not in AMQP_SCHEMES:
@@ -183,6 +187,27 @@ class RabbitMQBackend(Backend):
         self._confirms: _Confirms | None = None
         self._opened = False
         self._outage_since: float | None = None
+
+    def connection_options(self) -> dict[str, Any]:
+        """kombu Connection options for a connection of the backend's own."""
+        return {
+            "connect_timeout": 5,
+            # Every broker answer is awaited at most this long: a silent broker is an outage.
+            "transport_options": {"read_timeout": self.confirm_timeout, "write_timeout": self.confirm_timeout},
+        }
+
+    @classmethod
+    def from_app(cls, app: Any, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RabbitMQBackend:
+        """A backend on the app's broker, with a connection of its own built from every
+        ``broker_*`` setting (failover URLs, TLS, login method, transport options)."""
+        backend = cls(connection=app.connection_for_write(), prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+        options = backend.connection_options()
+        backend.connection.release()
+        backend.connection = app.connection_for_write(
+            heartbeat=60, connect_timeout=options["connect_timeout"], transport_options=options["transport_options"]
+        )
+        backend._owned = True
+        return backend
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -197,8 +222,7 @@ class RabbitMQBackend(Backend):
                 f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
                 "running and that anarchon_backend (or broker_url) points at it"
             ) from exc
-        version = check_server(raw.server_properties or {}, self.connection.as_uri())
-        self.server_version = version
+        self.server_version = check_server(raw.server_properties or {}, self.connection.as_uri())
         self._opened = True
 
     def close(self) -> None:
@@ -215,49 +239,71 @@ class RabbitMQBackend(Backend):
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
 
     def max_idle_s(self) -> float | None:
-        heartbeat = self.connection.heartbeat
+        heartbeat = negotiated_heartbeat(self.connection)
         return max(1.0, heartbeat / 3) if heartbeat else None
 
     def maintain(self) -> None:
-        if not self._opened or not self.connection.connected:
+        if not self._opened:
             return
-        raw = self.connection.connection
         try:
-            self._drain(raw, 0)
-            self.connection.heartbeat_check(rate=3)
+            keep_alive(self.connection)
         except self._errors() as exc:
-            logger.warning("anarchon: lost the connection to RabbitMQ while idle (%s)", exc)
+            logger.info("anarchon: the connection to RabbitMQ dropped while idle (%s); it will be replaced", exc)
             self._discard(connection_lost=True)
 
     # -- the claim ----------------------------------------------------------------------------
 
-    def claim(self, claims: Sequence[Claim], instance: str, timeout: float | None = None) -> list[Outcome]:
+    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
         """Claim runs; see :meth:`Backend.claim`.
 
-        ``timeout`` bounds the time spent reconnecting before the claims are published; the
-        answer itself is awaited at most ``confirm_timeout`` seconds.
+        Reconnecting is bounded by the claims' deadlines; a claim is never published after its
+        deadline, and its answer is awaited at most ``confirm_timeout`` seconds.
         """
         if not claims:
             return []
         gates = [gate_name(self.prefix, c.job, c.slot) for c in claims]
         # Nothing is published before the gates are declared, so this part is safe to repeat: a
         # connection found dead (the broker restarted, or dropped it while we slept) is replaced
-        # once at once, and only then is the outage reported.
+        # at once, and only then is the outage reported.
         for attempt in (1, 2):
+            left = _seconds_until(claims)
             try:
-                raw = self._connect(timeout)
+                raw = self._connect(left)
                 usable = [self._declare_gate(gate) for gate in gates]
                 break
             except self._errors() as exc:
                 self._discard(connection_lost=True)
-                if attempt == 2:
+                left = _seconds_until(claims)
+                if attempt == 2 or (left is not None and left <= 0):
                     self._outage(exc)
+                    for claim in claims:
+                        logger.warning(
+                            "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
+                            claim.job,
+                            claim.slot,
+                        )
                     return [Outcome.UNDECIDED] * len(claims)
                 logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
         self._recovered()
 
-        outcomes: dict[str, Outcome] = {g: Outcome.NOT_A_GATE for g, ok in zip(gates, usable) if not ok}
-        to_publish = [(c, g) for c, g, ok in zip(claims, gates, usable) if ok]
+        outcomes: dict[str, Outcome] = {}
+        to_publish = []
+        now = clock.now_ms()
+        for claim, gate, ok in zip(claims, gates, usable):
+            if not ok:
+                outcomes[gate] = Outcome.BAD_GATE
+            elif claim.deadline_ms is not None and now > claim.deadline_ms:
+                # Publishing now could land after the winner's gate expired: never.
+                logger.warning(
+                    "anarchon: job %r slot %d: past its deadline by %d ms when the claim was ready; "
+                    "not run by this instance",
+                    claim.job,
+                    claim.slot,
+                    now - claim.deadline_ms,
+                )
+                outcomes[gate] = Outcome.UNDECIDED
+            else:
+                to_publish.append((claim, gate))
         if to_publish:
             outcomes.update(self._publish(raw, to_publish, instance))
         return [outcomes[g] for g in gates]
@@ -267,7 +313,7 @@ class RabbitMQBackend(Backend):
         try:
             if confirms is None:
                 confirms = self._confirms = _Confirms(raw)
-            now_ms = int(time.time() * 1000)
+            now_ms = clock.now_ms()
             for claim, gate in claims:
                 body = json.dumps(
                     {"job": claim.job, "slot": claim.slot, "instance": instance, "claimed_at_ms": now_ms}
@@ -301,12 +347,13 @@ class RabbitMQBackend(Backend):
     # -- gates --------------------------------------------------------------------------------
 
     def _declare_gate(self, gate: str) -> bool:
-        """Declare a gate; False when a queue of that name exists but is not a gate.
+        """Declare a gate; False when it cannot serve as one.
 
         A queue keeps the arguments it was made with. Instances whose ``slot_ttl_ms`` differs, or
         an older gate made transient, are used as they are: the redeclare is repeated with the
         current value the broker names in its 406 reply, which proves every other argument
-        matches. Any other difference means the queue is not a gate, and it never counts as won.
+        matches. Any other difference means the queue is not a gate, and it never counts as won;
+        so does a gate the broker refuses (permissions, an exclusive queue of another connection).
         """
         durable = True
         arguments = gate_arguments(self.slot_ttl_ms)
@@ -325,6 +372,18 @@ class RabbitMQBackend(Backend):
                         arguments.pop("x-expires", None)
                     else:
                         arguments["x-expires"] = int(current)
+                    if current is None or int(current) < self.slot_ttl_ms:
+                        logger.warning(
+                            "anarchon: gate %r exists with x-expires %s, shorter than slot_ttl_ms %d: "
+                            "used as it is; instances with a longer lateness than it allows could "
+                            "run the slot twice",
+                            gate,
+                            current,
+                            self.slot_ttl_ms,
+                        )
+                    continue
+                if arg == "x-queue-type" and current in (None, "classic") and "x-queue-type" in arguments:
+                    del arguments["x-queue-type"]  # made without the explicit type: the same queue
                     continue
                 if arg == "durable":
                     durable = current == "true"
@@ -336,6 +395,15 @@ class RabbitMQBackend(Backend):
                     gate,
                     exc.reply_text,
                     gate,
+                )
+                return False
+            except amqp.exceptions.ChannelError as exc:
+                self._declarer = None
+                logger.error(
+                    "anarchon: the broker refused gate %r (%s); this run is skipped. Check the "
+                    "user's permissions on the vhost and anarchon_prefix",
+                    gate,
+                    exc,
                 )
                 return False
         return False
@@ -362,7 +430,7 @@ class RabbitMQBackend(Backend):
             interval_start=0.2,
             interval_step=0.5,
             interval_max=2,
-            timeout=timeout,
+            timeout=max(0.5, timeout) if timeout else None,
         )
         return self.connection.connection
 
@@ -375,18 +443,11 @@ class RabbitMQBackend(Backend):
         if self._owned or connection_lost:
             self.connection.collect()
 
-    def _drain(self, raw: amqp.Connection, timeout: float) -> None:
-        while True:
-            try:
-                raw.drain_events(timeout=timeout)
-            except TimeoutError:
-                return
-
     def _outage(self, exc: BaseException) -> None:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.warning(
-                "anarchon: RabbitMQ at %s is unavailable (%s: %s); runs due meanwhile are skipped",
+                "anarchon: RabbitMQ at %s is unavailable (%s: %s); runs due meanwhile are not claimed",
                 self.connection.as_uri(),
                 type(exc).__name__,
                 exc,
@@ -400,3 +461,9 @@ class RabbitMQBackend(Backend):
                 time.monotonic() - self._outage_since,
             )
             self._outage_since = None
+
+
+def _seconds_until(claims: Sequence[Claim]) -> float | None:
+    """Seconds left before the earliest deadline of the claims (None: no deadline)."""
+    deadlines = [c.deadline_ms for c in claims if c.deadline_ms is not None]
+    return (min(deadlines) - clock.now_ms()) / 1000 if deadlines else None

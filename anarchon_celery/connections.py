@@ -1,0 +1,31 @@
+"""Small helpers for kombu connections that sleep between uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["keep_alive", "negotiated_heartbeat"]
+
+
+def keep_alive(connection: Any) -> None:
+    """Read what the broker sent while we slept (heartbeats, a close) and send our heartbeat.
+
+    Cheap, and a no-op when the connection is not open. Raises the connection's errors when the
+    broker has gone away, so that the caller can drop the connection before relying on it.
+    """
+    if not connection.connected:
+        return
+    raw = connection.connection
+    while True:
+        try:
+            raw.drain_events(timeout=0)
+        except TimeoutError:
+            break
+    connection.heartbeat_check(rate=3)
+
+
+def negotiated_heartbeat(connection: Any) -> float:
+    """The heartbeat in force: the one agreed with the broker once connected, else the one asked."""
+    raw = connection._connection if connection.connected else None
+    value = getattr(raw, "heartbeat", None) if raw is not None else None
+    return float(value if value is not None else connection.heartbeat or 0)
