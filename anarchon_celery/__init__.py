@@ -4,8 +4,11 @@ Run ``celery -A proj beat -S anarchon_celery.Scheduler`` as many times as you li
 scheduled run is claimed in RabbitMQ by exactly one instance, which sends the task.
 """
 
+from . import signals  # noqa: F401 - connects the worker-side history recording
 from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend
+from .control import ManualRun, history, last_run, run_now
 from .errors import AnarchonError, BrokerError, ConfigError
+from .history import Run
 from .jobs import Job, cron, task_id_for
 from .schedule import Cron, Interval, Schedule
 from .scheduler import Scheduler
@@ -17,6 +20,12 @@ __all__ = [
     # Running it
     "Scheduler",
     "cron",
+    # History and manual runs
+    "history",
+    "last_run",
+    "run_now",
+    "Run",
+    "ManualRun",
     # Backends
     "Backend",
     "RabbitMQBackend",

@@ -9,30 +9,24 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import random
-import socket
 from functools import cached_property
 from typing import Any, NamedTuple
 
 from celery import beat
 
 from . import clock
-from .backends import Backend, Claim, Outcome, backend_for
+from .backends import Backend, Claim, Outcome
 from .connections import keep_alive
+from .control import configure
 from .errors import AnarchonError
-from .jobs import Job, collect_jobs, task_id_for
-from .sending import send_run
-from .settings import Settings
+from .history import encode_event
+from .jobs import Job, task_id_for
+from .sending import instance_id, send_run
 
 __all__ = ["Scheduler", "instance_id"]
 
 logger = logging.getLogger(__name__)
-
-
-def instance_id() -> str:
-    """Who this process is, as written in claims: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class _Due(NamedTuple):
@@ -57,36 +51,30 @@ class Scheduler(beat.Scheduler):
         self.backend: Backend | None = None
         self.instance = instance_id()
         self._queue: list[_Due] = []
-        self._settings: Settings | None = None
         self._random = random.Random()
         super().__init__(app, *args, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def _configure(self) -> tuple[Settings, Backend, list[Job]]:
-        settings = Settings.from_app(self.app)
-        backend = backend_for(self.app, settings)
-        jobs = collect_jobs(self.app, settings, backend.prefix, backend.slot_ttl_ms)
-        return settings, backend, jobs
-
     def setup_schedule(self) -> None:
-        settings, backend, jobs = self._configure()
+        deployment = configure(self.app)
+        backend = deployment.backend
         backend.open()
-        self._settings, self.backend = settings, backend
-        self.jobs = {job.name: job for job in jobs}
+        self.backend = backend
+        self.jobs = deployment.jobs
         start = clock.now_ms()
         self._queue = []
-        for job in jobs:
+        for job in self.jobs.values():
             self._push(job, job.next_slot(start - 1))
-        logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(jobs), backend.describe())
+        logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
 
     @property
     def info(self) -> str:
         try:
-            settings, backend, jobs = self._configure()
+            deployment = configure(self.app)
         except AnarchonError as exc:
             return f"    . anarchon -> configuration error: {exc}"
-        return f"    . anarchon -> {backend.describe()}\n    . anarchon jobs -> {len(jobs)}"
+        return f"    . anarchon -> {deployment.backend.describe()}\n    . anarchon jobs -> {len(deployment.jobs)}"
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -188,6 +176,21 @@ class Scheduler(beat.Scheduler):
             )
             return
         logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, slot, job.task, task_id)
+        self.backend.record(
+            job.name,
+            encode_event(
+                "sent",
+                run=task_id,
+                job=job.name,
+                at_ms=clock.now_ms(),
+                slot=slot,
+                task_id=task_id,
+                task=job.task,
+                instance=self.instance,
+                trigger="schedule",
+            ),
+            job.history_size,
+        )
 
     @cached_property
     def connection(self) -> Any:

@@ -8,6 +8,8 @@ it already: a second copy would run the task twice.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
@@ -16,12 +18,17 @@ from amqp.exceptions import MessageNacked
 from . import clock
 from .jobs import Job
 
-__all__ = ["run_headers", "send_run"]
+__all__ = ["instance_id", "run_headers", "send_run"]
 
 #: Seconds to wait for the broker's confirm of a task message.
 CONFIRM_TIMEOUT = 5.0
 #: Seconds between two sends of a message the broker refused.
 NACK_BACKOFF = 0.5
+
+
+def instance_id() -> str:
+    """Who this process is, as written in claims and history: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def run_headers(job: Job, *, slot: int, run_id: str, trigger: str) -> dict[str, Any]:

@@ -64,6 +64,13 @@ def build_report(self) -> None:
     _record(self)
 
 
+@anarchon_celery.cron("*/10 * * * * *", name="fails")  # shows a failed run in the history
+@app.task(bind=True)
+def always_fails(self) -> None:
+    _record(self)
+    raise RuntimeError("this job fails on purpose")
+
+
 @app.task(bind=True)
 def square(self, n: int) -> int:
     _record(self, result=n * n)

@@ -15,7 +15,8 @@ from kombu import Connection
 
 from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
 from anarchon_celery.backends import Backend
-from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name
+from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name, history_arguments, history_name
+from anarchon_celery.history import encode_event, fold
 
 from .proxy import Proxy
 
@@ -409,4 +410,77 @@ def test_a_connection_dropped_while_idle_is_replaced_before_claiming(proxy: Prox
     assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
     proxy.cut()  # as a broker restart or a dropped idle connection would
     assert backend.claim([Claim("job", 2)], "me") == [Outcome.WON]
+    backend.close()
+
+
+# -- history --------------------------------------------------------------------------------------
+
+
+def _sent(run: str, at: int) -> bytes:
+    return encode_event("sent", run=run, job="job", at_ms=at, slot=at, task_id=run, trigger="schedule")
+
+
+def test_history_is_recorded_and_read_back_in_order(make_backend: Any) -> None:
+    backend = make_backend()
+    assert backend.read_history(["job", "other"]) == {"job": [], "other": []}
+    for n in range(3):
+        assert backend.record("job", _sent(f"r{n}", 1000 + n), 10)
+    assert backend.record("job", encode_event("running", run="r2", job="job", at_ms=2000, worker="w"), 10)
+    events = backend.read_history(["job", "other"])
+    assert [(e["run"], e["event"]) for e in events["job"]] == [
+        ("r0", "sent"),
+        ("r1", "sent"),
+        ("r2", "sent"),
+        ("r2", "running"),
+    ]
+    assert events["other"] == []
+    assert [run.status for run in fold(events["job"])] == ["running", "sent", "sent"]
+
+
+def test_history_streams_are_trimmed_by_size(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix)
+    history_size = 5
+    for n in range(200):  # each run: sent, running, succeeded
+        run = f"run-{n:04d}-{'x' * 30}"
+        backend.record("job", _sent(run, n * 10), history_size)
+        backend.record("job", encode_event("running", run=run, job="job", at_ms=n * 10 + 1, worker="w@h"), history_size)
+        backend.record(
+            "job", encode_event("succeeded", run=run, job="job", at_ms=n * 10 + 2, worker="w@h"), history_size
+        )
+    time.sleep(0.5)  # the last publishes are not confirmed: let the broker take them
+    retained = fold(backend.read_history(["job"])["job"])
+    backend.close()
+    # Retention drops whole segments: at least history_size runs stay, and far fewer than written.
+    assert history_size <= len(retained) <= 4 * history_size, len(retained)
+    assert retained[0].run_id.startswith("run-0199") and retained[0].status == "succeeded"
+
+
+def test_a_history_stream_keeps_its_first_size(broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    first = rabbit(broker_url, prefix)
+    assert first.record("job", _sent("a", 1), 5)
+    first.close()
+    later = rabbit(broker_url, prefix)  # configured with another history_size: used as it is
+    assert later.record("job", _sent("b", 2), 500)
+    time.sleep(0.3)
+    assert [e["run"] for e in later.read_history(["job"])["job"]] == ["a", "b"]
+    later.close()
+    info = _queue_info(history_name(prefix, "job"))
+    arguments = {arg[0]: arg[-1] for arg in info["arguments"]}
+    assert arguments == history_arguments(5) and info["type"] == "stream"
+
+
+def test_a_queue_named_like_a_history_that_is_no_stream(
+    broker_url: str, prefix: str, connection: Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    connection.default_channel.queue_declare(history_name(prefix, "job"), durable=True, auto_delete=False)
+    backend = rabbit(broker_url, prefix)
+    assert backend.record("job", _sent("a", 1), 5) is False
+    assert f"queue '{history_name(prefix, 'job')}' exists but is not a history stream" in caplog.text
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]  # claims are not affected
+    backend.close()
+
+
+def test_streams_are_available(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix)
+    backend.check_history()
     backend.close()

@@ -11,6 +11,7 @@ import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -99,6 +100,25 @@ class Backend(abc.ABC):
 
     def max_idle_s(self) -> float | None:
         """The longest the scheduler may sleep between :meth:`maintain` calls, if bounded."""
+        return None
+
+    # -- history --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        """Append one encoded history event (see :mod:`anarchon_celery.history`) to the job's
+        history, which keeps about ``history_size`` runs. Best effort: returns False, after
+        logging why, when it could not be written; never raises for broker trouble."""
+
+    @abc.abstractmethod
+    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """Every retained event of each job, oldest first (a job without history has none).
+
+        Raises :class:`~anarchon_celery.BrokerError` when the history cannot be read.
+        """
+
+    def check_history(self) -> None:
+        """Raise :class:`~anarchon_celery.BrokerError` when history cannot be kept here."""
         return None
 
     @abc.abstractmethod

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from .. import clock
+from ..history import EVENTS, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
 __all__ = ["MemoryBackend"]
@@ -24,6 +27,7 @@ class MemoryBackend(Backend):
         self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
         self._lock = threading.Lock()
         self._taken: dict[tuple[str, int], tuple[str, float]] = {}
+        self._history: dict[str, deque[dict[str, Any]]] = {}
 
     def open(self) -> None:
         pass
@@ -55,6 +59,21 @@ class MemoryBackend(Backend):
     def _forget(self, now: float) -> None:
         for key in [k for k, (_, expires) in self._taken.items() if expires <= now]:
             del self._taken[key]
+
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        decoded = decode_event(event)
+        if decoded is None:
+            return False
+        with self._lock:
+            events = self._history.setdefault(job, deque())
+            events.append(decoded)
+            while len(events) > history_size * len(EVENTS):
+                events.popleft()
+        return True
+
+    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        with self._lock:
+            return {job: list(self._history.get(job, ())) for job in jobs}
 
     def describe(self) -> str:
         return f"memory (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"

@@ -19,7 +19,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import amqp
@@ -30,9 +31,10 @@ from kombu.utils.url import maybe_sanitize_url
 from .. import clock
 from ..connections import keep_alive, negotiated_heartbeat
 from ..errors import BrokerError, ConfigError
+from ..history import decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
-__all__ = ["RabbitMQBackend", "gate_arguments", "gate_name"]
+__all__ = ["RabbitMQBackend", "gate_arguments", "gate_name", "history_arguments", "history_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,31 @@ def gate_arguments(slot_ttl_ms: int) -> dict[str, Any]:
     gates quorum queues, which let several publishers past ``x-max-length``.
     """
     return {"x-max-length": 1, "x-overflow": "reject-publish", "x-expires": slot_ttl_ms, "x-queue-type": "classic"}
+
+
+#: Stream bytes budgeted per run: its three small JSON events with their storage overhead (about
+#: 450 bytes each, measured), with room for long error messages and host names.
+RUN_BYTES = 2_000
+MIN_SEGMENT_BYTES = 4_096
+
+
+def history_name(prefix: str, job: str) -> str:
+    """The stream that keeps a job's history."""
+    return f"{prefix}{job}.history"
+
+
+def history_arguments(history_size: int) -> dict[str, Any]:
+    """A history stream's arguments, sized to keep at least ``history_size`` runs.
+
+    Retention drops whole segments, so the stream holds between ``max - segment`` and ``max``
+    bytes: a segment a quarter of the budget keeps retention close to the size asked for.
+    """
+    segment = max(MIN_SEGMENT_BYTES, history_size * RUN_BYTES // 4)
+    return {
+        "x-queue-type": "stream",
+        "x-max-length-bytes": history_size * RUN_BYTES + segment,
+        "x-stream-max-segment-size-bytes": segment,
+    }
 
 
 def _current_value(text: str) -> str | None:
@@ -185,6 +212,8 @@ class RabbitMQBackend(Backend):
         self.connection = connection
         self._declarer: amqp.Channel | None = None
         self._confirms: _Confirms | None = None
+        self._recorder: amqp.Channel | None = None
+        self._streams: set[str] = set()  # history streams declared on the current connection
         self._opened = False
         self._outage_since: float | None = None
 
@@ -234,6 +263,8 @@ class RabbitMQBackend(Backend):
                 self.connection.collect()
         self._declarer = None
         self._confirms = None
+        self._recorder = None
+        self._streams.clear()
 
     def describe(self) -> str:
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
@@ -344,69 +375,181 @@ class RabbitMQBackend(Backend):
                 )
         return result
 
+    # -- history ------------------------------------------------------------------------------
+
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        name = history_name(self.prefix, job)
+        try:
+            self._connect(self.confirm_timeout)
+            if name not in self._streams:
+                self._declare_history(name, history_size)
+                self._streams.add(name)
+            if self._recorder is None or not self._recorder.is_open:
+                self._recorder = self.connection.connection.channel()
+            message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+            amqp.Channel._basic_publish(self._recorder, message, exchange="", routing_key=name)
+            return True
+        except BrokerError as exc:
+            logger.error("anarchon: job %r: history event not recorded: %s", job, exc)
+        except amqp.exceptions.ChannelError as exc:
+            self._declarer = self._recorder = None
+            self._streams.discard(name)
+            logger.warning("anarchon: job %r: history event not recorded (%s)", job, exc)
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            logger.warning("anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc)
+        return False
+
+    def _declare_history(self, name: str, history_size: int) -> None:
+        """Declare a history stream; one that exists keeps the size it was created with."""
+        sizes = ("x-max-length-bytes", "x-stream-max-segment-size-bytes", "x-max-age")
+        refusal = self._declare_adopting(name, history_arguments(history_size), lambda arg, _: arg in sizes)
+        if refusal is not None:
+            raise BrokerError(
+                f"queue {name!r} exists but is not a history stream ({refusal}): delete it (which deletes "
+                "that job's history) or change anarchon_prefix"
+            )
+
+    def read_history(self, jobs: Sequence[str], idle_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
+        """See :meth:`Backend.read_history`. Streams have no end marker in AMQP 0.9.1: reading
+        stops once nothing has arrived for ``idle_s`` seconds."""
+        events: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
+        try:
+            raw = self._connect(self.confirm_timeout)
+            existing = [job for job in jobs if self._stream_exists(history_name(self.prefix, job))]
+            if not existing:
+                return events
+            # basic.get and no-ack consumers are refused on streams (and close the connection):
+            # consume with a prefetch and manual acks, from the first retained offset.
+            channel = raw.channel()
+            channel.basic_qos(0, 1000, False)
+            for job in existing:
+                channel.basic_consume(
+                    history_name(self.prefix, job),
+                    callback=self._collector(channel, events[job]),
+                    arguments={"x-stream-offset": "first"},
+                )
+            while True:
+                try:
+                    raw.drain_events(timeout=idle_s)
+                except TimeoutError:
+                    break
+            channel.close()
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            raise BrokerError(f"cannot read history from {self.connection.as_uri()}: {exc}") from exc
+        return events
+
+    @staticmethod
+    def _collector(channel: amqp.Channel, into: list[dict[str, Any]]) -> Any:
+        def on_message(message: amqp.Message) -> None:
+            event = decode_event(message.body)
+            if event is not None:
+                into.append(event)
+            channel.basic_ack(message.delivery_tag)
+
+        return on_message
+
+    def _stream_exists(self, name: str) -> bool:
+        try:
+            self._declare_channel().queue_declare(name, passive=True)
+            return True
+        except amqp.exceptions.NotFound:
+            self._declarer = None
+            return False
+
+    def check_history(self) -> None:
+        name = f"{self.prefix}anarchon-check.{uuid.uuid4().hex[:12]}"
+        try:
+            self._connect(self.confirm_timeout)
+            channel = self._declare_channel()
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=history_arguments(1))
+            channel.queue_delete(name)
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            raise BrokerError(
+                f"RabbitMQ at {self.connection.as_uri()} cannot keep history streams ({exc}): it needs "
+                "RabbitMQ 3.9+ with the stream_queue feature flag enabled "
+                "(rabbitmqctl enable_feature_flag stream_queue)"
+            ) from exc
+
     # -- gates --------------------------------------------------------------------------------
 
     def _declare_gate(self, gate: str) -> bool:
         """Declare a gate; False when it cannot serve as one.
 
-        A queue keeps the arguments it was made with. Instances whose ``slot_ttl_ms`` differs, or
-        an older gate made transient, are used as they are: the redeclare is repeated with the
-        current value the broker names in its 406 reply, which proves every other argument
-        matches. Any other difference means the queue is not a gate, and it never counts as won;
-        so does a gate the broker refuses (permissions, an exclusive queue of another connection).
+        Instances whose ``slot_ttl_ms`` differs, or an older gate made transient or without an
+        explicit queue type, are used as they are. Any other difference means the queue is not a
+        gate, and it never counts as won; so does a gate the broker refuses (permissions, an
+        exclusive queue of another connection).
         """
+
+        def adopt(arg: str, current: str | None) -> bool:
+            if arg == "x-queue-type":
+                return current in (None, "classic")  # made without the explicit type
+            if arg == "x-expires" and (current is None or int(current) < self.slot_ttl_ms):
+                logger.warning(
+                    "anarchon: gate %r exists with x-expires %s, shorter than slot_ttl_ms %d: used as it "
+                    "is; an instance later than it allows could run the slot twice",
+                    gate,
+                    current,
+                    self.slot_ttl_ms,
+                )
+            return arg in ("x-expires", "durable")
+
+        try:
+            refusal = self._declare_adopting(gate, gate_arguments(self.slot_ttl_ms), adopt)
+        except amqp.exceptions.ChannelError as exc:
+            self._declarer = None
+            logger.error(
+                "anarchon: the broker refused gate %r (%s); this run is skipped. Check the user's "
+                "permissions on the vhost and anarchon_prefix",
+                gate,
+                exc,
+            )
+            return False
+        if refusal is not None:
+            logger.error(
+                "anarchon: queue %r exists but is not a gate (%s); it never counts as a win, so this run "
+                "is skipped. Delete the queue (rabbitmqctl delete_queue %s) or change anarchon_prefix",
+                gate,
+                refusal,
+                gate,
+            )
+            return False
+        return True
+
+    def _declare_adopting(
+        self, name: str, arguments: dict[str, Any], adopt: Callable[[str, str | None], bool]
+    ) -> str | None:
+        """Declare a durable queue; None when done, else the broker's reply naming a difference
+        that ``adopt(argument, current value)`` refused.
+
+        A queue keeps the arguments it was made with, and a 406 reply names only the first one
+        that differs, with its current value. Redeclaring with that value proves, in the end,
+        that every other argument matches.
+        """
+        arguments = dict(arguments)
         durable = True
-        arguments = gate_arguments(self.slot_ttl_ms)
-        for _ in range(4):
-            channel = self._declare_channel()
+        for _ in range(len(arguments) + 2):
             try:
-                channel.queue_declare(gate, durable=durable, auto_delete=False, exclusive=False, arguments=arguments)
-                return True
+                self._declare_channel().queue_declare(
+                    name, durable=durable, auto_delete=False, exclusive=False, arguments=arguments
+                )
+                return None
             except amqp.exceptions.PreconditionFailed as exc:
                 self._declarer = None  # the broker closed that channel
                 match = _INEQUIVALENT.search(str(exc.reply_text))
-                arg = match.group(1) if match else None
-                current = _current_value(match.group(3)) if match else None
-                if arg == "x-expires":
-                    if current is None:
-                        arguments.pop("x-expires", None)
-                    else:
-                        arguments["x-expires"] = int(current)
-                    if current is None or int(current) < self.slot_ttl_ms:
-                        logger.warning(
-                            "anarchon: gate %r exists with x-expires %s, shorter than slot_ttl_ms %d: "
-                            "used as it is; instances with a longer lateness than it allows could "
-                            "run the slot twice",
-                            gate,
-                            current,
-                            self.slot_ttl_ms,
-                        )
-                    continue
-                if arg == "x-queue-type" and current in (None, "classic") and "x-queue-type" in arguments:
-                    del arguments["x-queue-type"]  # made without the explicit type: the same queue
-                    continue
+                if match is None or not adopt(match.group(1), _current_value(match.group(3))):
+                    return str(exc.reply_text)
+                arg, current = match.group(1), _current_value(match.group(3))
                 if arg == "durable":
                     durable = current == "true"
-                    continue
-                logger.error(
-                    "anarchon: queue %r exists but is not a gate (%s); it never counts as a win, "
-                    "so this run is skipped. Delete the queue (rabbitmqctl delete_queue %s) or "
-                    "change anarchon_prefix",
-                    gate,
-                    exc.reply_text,
-                    gate,
-                )
-                return False
-            except amqp.exceptions.ChannelError as exc:
-                self._declarer = None
-                logger.error(
-                    "anarchon: the broker refused gate %r (%s); this run is skipped. Check the "
-                    "user's permissions on the vhost and anarchon_prefix",
-                    gate,
-                    exc,
-                )
-                return False
-        return False
+                elif current is None:
+                    arguments.pop(arg, None)
+                else:
+                    arguments[arg] = int(current) if current.lstrip("-").isdigit() else current
+        return "too many differences"
 
     def _declare_channel(self) -> amqp.Channel:
         if self._declarer is None or not self._declarer.is_open:
@@ -440,6 +583,8 @@ class RabbitMQBackend(Backend):
             self._confirms.dead = True
         self._confirms = None
         self._declarer = None
+        self._recorder = None
+        self._streams.clear()
         if self._owned or connection_lost:
             self.connection.collect()
 

@@ -1,0 +1,44 @@
+"""A Celery app for the history and command-line tests. It never imports anarchon_celery itself:
+the worker side is enabled by Celery's ``imports`` setting, as documented."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+PREFIX = os.environ.get("HISTORY_APP_PREFIX", "histapp.")
+
+app = Celery("history_app", broker=os.environ.get("HISTORY_APP_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+app.conf.update(
+    imports=("anarchon_celery",),
+    task_default_queue=f"{PREFIX}tasks",
+    anarchon_prefix=PREFIX,
+    anarchon_slot_ttl_ms=60_000,
+    anarchon_max_late_ms=5_000,
+    anarchon_jitter_ms=0,
+    anarchon_history_size=5,
+    beat_schedule={
+        "fine": {"task": "history_app.fine", "schedule": "0 3 * * *", "tz": "Asia/Tokyo"},
+        "boom": {"task": "history_app.boom", "schedule": 3600},
+        "sleepy": {"task": "history_app.sleepy", "schedule": "@daily"},
+    },
+)
+if os.environ.get("HISTORY_APP_BAD"):
+    app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
+
+
+@app.task
+def fine() -> str:
+    return "fine"
+
+
+@app.task
+def boom() -> None:
+    raise ValueError("boom " + "x" * 2000)
+
+
+@app.task
+def sleepy() -> None:
+    time.sleep(120)
