@@ -65,6 +65,7 @@ class Scheduler(beat.Scheduler):
         start = clock.now_ms()
         self._queue = []
         for job in self.jobs.values():
+            backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
 

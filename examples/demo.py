@@ -153,7 +153,20 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
             time.sleep(1)  # the last task may still be executing
         for proc in workers:
             _stop(proc)
-        return _report(prefix, env, beat_logs, executions, window_start, window_end)
+        result = _report(prefix, env, beat_logs, executions, window_start, window_end)
+        result["cli"] = {  # what `celery -A demo_app anarchon ...` shows of this run
+            name: subprocess.run(
+                [sys.executable, "-m", "celery", "-A", "demo_app", "anarchon", *args],
+                cwd=HERE,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            ).stdout
+            for name, args in (("jobs", ["jobs"]), ("history", ["history", "fails", "-n", "3"]), ("check", ["check"]))
+        }
+        return result
     finally:
         for proc in procs:
             _stop(proc)
@@ -177,6 +190,7 @@ def _report(
     sys.path.insert(0, str(HERE))
     import demo_app
 
+    import anarchon_celery
     from anarchon_celery import Settings, task_id_for
     from anarchon_celery.jobs import collect_jobs
 
@@ -221,6 +235,8 @@ def _report(
         "duplicate_executions_total": sum(n - 1 for n in executed.values() if n > 1),
         "password_in_logs": password_shown,
         "runs": runs,
+        # What each job's history says, as anarchon_celery.history() reads it.
+        "history": {job.name: [r.as_dict() for r in anarchon_celery.history(demo_app.app, job.name)] for job in jobs},
     }
 
 
@@ -242,12 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument("--embedded", action="store_true", help="run the schedulers inside workers (-B)")
+    parser.add_argument("--cli", action="store_true", help="also print what `celery anarchon` shows")
     options = parser.parse_args(argv)
     result = run(options.beats, options.duration, options.keep_logs, options.embedded)
     if options.json:
         print(json.dumps(result))
     else:
         _print_table(result)
+        if options.cli:
+            for name, output in result["cli"].items():
+                print(
+                    f"\n$ celery -A demo_app anarchon {name}{' fails -n 3' if name == 'history' else ''}\n{output}",
+                    end="",
+                )
     ok = result["duplicates"] == 0 and result["missed"] == 0 and result["duplicate_executions_total"] == 0
     return 0 if ok else 1
 

@@ -29,16 +29,16 @@ if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 
 
-@app.task
+@app.task(name="history_app.fine", shared=False)
 def fine() -> str:
     return "fine"
 
 
-@app.task
+@app.task(name="history_app.boom", shared=False)
 def boom() -> None:
     raise ValueError("boom " + "x" * 2000)
 
 
-@app.task
+@app.task(name="history_app.sleepy", shared=False)
 def sleepy() -> None:
     time.sleep(120)

@@ -26,12 +26,31 @@ def assert_exactly_once(result: dict) -> None:
         assert len(run["winners"]) == 1, run  # one instance won each run, and said so
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -> None:
     result = demo.run(beats=3, duration=30)
     assert_exactly_once(result)
     # The race is real: more than one instance won runs.
     assert len({run["winners"][0] for run in result["runs"]}) > 1
+
+    # History, written by the winning beats and by the worker, read back with the right statuses.
+    recorded = {run["run_id"]: run for runs in result["history"].values() for run in runs}
+    for run in result["runs"]:
+        entry = recorded[run["task_id"]]
+        assert entry["status"] == ("failed" if run["job"] == "fails" else "succeeded"), entry
+        assert (entry["job"], entry["slot"], entry["trigger"]) == (run["job"], run["slot"], "schedule")
+        assert entry["instance"] and entry["worker"] and entry["sent_at_ms"] and entry["finished_at_ms"]
+        if run["job"] == "fails":
+            assert (entry["error_type"], entry["error"]) == ("RuntimeError", "this job fails on purpose")
+
+    # And what the command line shows of it.
+    assert [line.split()[:2] for line in result["cli"]["check"].splitlines()] == [
+        ["ok", "config"],
+        ["ok", "broker"],
+        ["ok", "streams"],
+    ]
+    assert "fails" in result["cli"]["jobs"] and "failed" in result["cli"]["jobs"]
+    assert "RuntimeError: this job fails on purpose" in result["cli"]["history"]
 
 
 @pytest.mark.timeout(240)

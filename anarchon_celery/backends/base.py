@@ -110,6 +110,10 @@ class Backend(abc.ABC):
         history, which keeps about ``history_size`` runs. Best effort: returns False, after
         logging why, when it could not be written; never raises for broker trouble."""
 
+    def ensure_history(self, job: str, history_size: int) -> bool:
+        """Make the job's history ready ahead of its first event (at start); best effort."""
+        return True
+
     @abc.abstractmethod
     def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """Every retained event of each job, oldest first (a job without history has none).

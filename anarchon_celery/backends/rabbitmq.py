@@ -278,6 +278,10 @@ class RabbitMQBackend(Backend):
             return
         try:
             keep_alive(self.connection)
+        except amqp.exceptions.ChannelError as exc:
+            logger.info("anarchon: a channel was closed by RabbitMQ while idle (%s)", exc)
+            self._declarer = self._recorder = None
+            self._streams.clear()
         except self._errors() as exc:
             logger.info("anarchon: the connection to RabbitMQ dropped while idle (%s); it will be replaced", exc)
             self._discard(connection_lost=True)
@@ -379,25 +383,55 @@ class RabbitMQBackend(Backend):
 
     def record(self, job: str, event: bytes, history_size: int) -> bool:
         name = history_name(self.prefix, job)
+        message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+        for attempt in range(1, 4):
+            try:
+                self._connect(self.confirm_timeout)
+                if name not in self._streams:
+                    self._declare_history(name, history_size)
+                    self._streams.add(name)
+                if self._recorder is None or not self._recorder.is_open:
+                    self._recorder = self.connection.connection.channel()
+                # Confirmed, so that a refused event is known (and a newly made stream that is not
+                # ready yet, 506 "stream not found", is retried) rather than silently lost.
+                self._recorder.basic_publish_confirm(
+                    message, exchange="", routing_key=name, confirm_timeout=self.confirm_timeout
+                )
+                return True
+            except BrokerError as exc:
+                logger.error("anarchon: job %r: history event not recorded: %s", job, exc)
+                return False
+            except (amqp.exceptions.ChannelError, amqp.exceptions.MessageNacked) as exc:
+                self._declarer = self._recorder = None
+                self._streams.discard(name)
+                if attempt == 3:
+                    logger.warning("anarchon: job %r: history event not recorded (%r)", job, exc)
+                    return False
+                time.sleep(0.2 * attempt)
+            except self._errors() as exc:
+                # A history event is safe to write again (the fold ignores repeats); RabbitMQ 3.10
+                # answers two clients creating one stream at once with 541, closing a connection.
+                self._discard(connection_lost=True)
+                if attempt == 3:
+                    logger.warning(
+                        "anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc
+                    )
+                    return False
+                time.sleep(0.2 * attempt)
+        return False
+
+    def ensure_history(self, job: str, history_size: int) -> bool:
+        name = history_name(self.prefix, job)
         try:
             self._connect(self.confirm_timeout)
-            if name not in self._streams:
-                self._declare_history(name, history_size)
-                self._streams.add(name)
-            if self._recorder is None or not self._recorder.is_open:
-                self._recorder = self.connection.connection.channel()
-            message = amqp.Message(event, content_type="application/json", delivery_mode=2)
-            amqp.Channel._basic_publish(self._recorder, message, exchange="", routing_key=name)
+            self._declare_history(name, history_size)
+            self._streams.add(name)
             return True
         except BrokerError as exc:
-            logger.error("anarchon: job %r: history event not recorded: %s", job, exc)
-        except amqp.exceptions.ChannelError as exc:
-            self._declarer = self._recorder = None
-            self._streams.discard(name)
-            logger.warning("anarchon: job %r: history event not recorded (%s)", job, exc)
+            logger.error("anarchon: job %r: %s", job, exc)
         except self._errors() as exc:
             self._discard(connection_lost=True)
-            logger.warning("anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc)
+            logger.warning("anarchon: job %r: history stream not declared (%s: %s)", job, type(exc).__name__, exc)
         return False
 
     def _declare_history(self, name: str, history_size: int) -> None:
