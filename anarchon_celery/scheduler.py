@@ -40,7 +40,7 @@ class Scheduler(beat.Scheduler):
 
     It sleeps until the next run's ``slot + jitter`` (no polling), skips a run found later than
     the job's ``max_late_ms`` (no catch-up), and sends a won run's task with a deterministic task
-    id and the headers ``anarchon_job``, ``anarchon_slot`` and ``anarchon_run``.
+    id and the headers ``anarchon_job``, ``anarchon_slot``, ``anarchon_run`` and ``anarchon_trigger``.
     """
 
     #: Claims of runs due together are sent in batches of at most this many.

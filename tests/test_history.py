@@ -92,3 +92,21 @@ def test_the_codec_round_trips(event: str, run: str, at: int, worker: str | None
         at,
         fields.get("worker"),
     )
+
+
+def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
+    from types import SimpleNamespace
+
+    from anarchon_celery.signals import run_headers_of
+
+    assert run_headers_of(SimpleNamespace(headers=None)) is None
+    assert run_headers_of(SimpleNamespace(headers={"other": 1})) is None
+    sent = SimpleNamespace(
+        headers={"anarchon_run": "r", "anarchon_job": "j", "anarchon_slot": 5, "anarchon_trigger": "manual"}
+    )
+    assert run_headers_of(sent) == {"run": "r", "job": "j", "slot": 5, "trigger": "manual"}
+    # Celery may also expose message headers as request attributes.
+    as_attributes = SimpleNamespace(
+        headers={}, anarchon_run="r", anarchon_job="j", anarchon_slot=5, anarchon_trigger=None
+    )
+    assert run_headers_of(as_attributes) == {"run": "r", "job": "j", "slot": 5, "trigger": None}
