@@ -7,7 +7,7 @@ scheduled run is claimed in RabbitMQ by exactly one instance, which sends the ta
 from . import signals  # noqa: F401 - connects the worker-side history recording
 from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend
 from .control import ManualRun, history, last_run, run_now
-from .errors import AnarchonError, BrokerError, ConfigError
+from .errors import AnarchonError, BrokerError, BrokerUnavailable, ConfigError
 from .history import Run
 from .jobs import Job, cron, task_id_for
 from .schedule import Cron, Interval, Schedule
@@ -43,4 +43,5 @@ __all__ = [
     "AnarchonError",
     "ConfigError",
     "BrokerError",
+    "BrokerUnavailable",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AnarchonError", "BrokerError", "ConfigError"]
+__all__ = ["AnarchonError", "BrokerError", "BrokerUnavailable", "ConfigError"]
 
 
 class AnarchonError(Exception):
@@ -18,3 +18,7 @@ class ConfigError(AnarchonError, ValueError):
 
 class BrokerError(AnarchonError):
     """The broker cannot serve this backend: unreachable, too old, or missing a feature."""
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker could not be reached (yet): the scheduler keeps trying, runs meanwhile are lost."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import heapq
 import logging
 import random
+import signal
+import threading
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -19,7 +21,7 @@ from . import clock
 from .backends import Backend, Claim, Outcome
 from .connections import keep_alive
 from .control import configure
-from .errors import AnarchonError
+from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
 from .jobs import Job, task_id_for
 from .sending import instance_id, send_run
@@ -52,6 +54,8 @@ class Scheduler(beat.Scheduler):
         self.instance = instance_id()
         self._queue: list[_Due] = []
         self._random = random.Random()
+        self._busy = False
+        self._stop_requested: tuple[Any, int, Any] | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -59,15 +63,41 @@ class Scheduler(beat.Scheduler):
     def setup_schedule(self) -> None:
         deployment = configure(self.app)
         backend = deployment.backend
-        backend.open()
+        try:
+            backend.open()
+            reachable = True
+        except BrokerUnavailable as exc:
+            # Not a reason to exit (and be restarted in a loop): claims keep trying to connect.
+            logger.error("anarchon: %s; runs are not claimed until it answers", exc)
+            reachable = False
         self.backend = backend
         self.jobs = deployment.jobs
         start = clock.now_ms()
         self._queue = []
         for job in self.jobs.values():
-            backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
+            if reachable:
+                backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
+        self._defer_stop_signals()
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+
+    def _defer_stop_signals(self) -> None:
+        """SIGTERM or SIGINT during a claim or a send waits for them to finish (beat's own handler
+        then closes the connections and exits), so that a run won is not left unsent."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            original = signal.getsignal(signum)
+            if not callable(original):
+                continue
+
+            def handler(signum: int, frame: Any, original: Any = original) -> None:
+                if self._busy:
+                    self._stop_requested = (original, signum, frame)
+                else:
+                    original(signum, frame)
+
+            signal.signal(signum, handler)
 
     @property
     def info(self) -> str:
@@ -91,7 +121,16 @@ class Scheduler(beat.Scheduler):
         while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
             due.append(heapq.heappop(self._queue))
         if due:
-            self._run(due)
+            self._busy = True
+            try:
+                self._run(due)
+            finally:
+                self._busy = False
+            if self._stop_requested is not None:
+                handler, signum, frame = self._stop_requested
+                self._stop_requested = None
+                logger.info("anarchon: stopping, the runs in progress are done")
+                handler(signum, frame)
         limits = [float(self.max_interval)]
         idle = backend.max_idle_s()
         if idle is not None:
@@ -126,6 +165,7 @@ class Scheduler(beat.Scheduler):
             claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
         if not claims:
             return
+        logger.debug("anarchon: claiming %d run(s)", len(claims))
         outcomes = self.backend.claim(claims, self.instance)
         for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.WON:

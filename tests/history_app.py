@@ -25,6 +25,10 @@ app.conf.update(
         "sleepy": {"task": "history_app.sleepy", "schedule": "@daily"},
     },
 )
+if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the process tests
+    app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
+if os.environ.get("HISTORY_APP_BACKEND"):  # claims through another URL (a proxy) than the tasks
+    app.conf.anarchon_backend = os.environ["HISTORY_APP_BACKEND"]
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 

@@ -15,9 +15,9 @@ class Proxy:
     ``resume()`` lets it through again; ``cut()`` closes every open connection at once.
     """
 
-    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
+    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672), port: int = 0) -> None:
         self.target = target
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", port))
         self.port = self._server.getsockname()[1]
         self._open = threading.Event()
         self._open.set()  # cleared while stalled
@@ -79,3 +79,10 @@ class Proxy:
             for sock in (source, sink):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -324,14 +325,15 @@ def test_bad_backend_options(kwargs: dict[str, Any], message: str) -> None:
 
 
 class _Hooked(RabbitMQBackend):
-    """Runs `after_declare` between the gate's declare and the claim's publish."""
+    """Runs `after_declare` once, between a gate's declare and the claim's publish."""
 
     after_declare: Any = None
 
     def _declare_gate(self, gate: str) -> bool:
         usable = super()._declare_gate(gate)
-        if self.after_declare is not None:
-            self.after_declare()
+        hook, self.after_declare = self.after_declare, None
+        if hook is not None:
+            hook()
         return usable
 
 
@@ -342,35 +344,54 @@ def proxy(broker_url: str) -> Iterator[Proxy]:
     p.close()
 
 
-def test_a_claim_without_an_answer_is_not_won_and_its_connection_is_dropped(
+def stall_for(proxy: Proxy, seconds: float) -> Any:
+    """A hook: the broker's answers are held for `seconds`, then let through."""
+
+    def hook() -> None:
+        proxy.stall()
+        threading.Timer(seconds, proxy.resume).start()
+
+    return hook
+
+
+def test_a_claim_without_an_answer_is_made_again_and_never_wins_twice(
     proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = _Hooked(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
     backend.open()
     assert backend.claim([Claim("job", 0)], "me") == [Outcome.WON]  # channels are open
     first = backend.connection.connection
-    backend.after_declare = proxy.stall  # the publish reaches the broker; its ack never comes back
-    assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
+    # The publish reaches the broker; its ack is held past confirm_timeout. On a new connection the
+    # claim is made again: the gate is held (by our own first claim), so it is lost, never doubled.
+    backend.after_declare = stall_for(proxy, 1.5)
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.LOST]
     assert "job 'job' slot 1: no answer to the claim (TimeoutError" in caplog.text
-    backend.after_declare = None
-    proxy.resume()
-    # Our unanswered claim holds the gate: nobody runs that slot (a miss, never a double).
-    assert backend.claim([Claim("job", 1), Claim("job", 2)], "me") == [Outcome.LOST, Outcome.WON]
+    assert "claiming it again on a new connection" in caplog.text
     assert backend.connection.connection is not first  # never read a late ack on the old one
     backend.close()
 
 
-def test_a_connection_cut_before_the_answer_is_not_a_win(
+def test_a_claim_that_never_reached_the_broker_is_made_again_and_wins(
     proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = _Hooked(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2.0)
     backend.open()
-    backend.after_declare = proxy.cut  # the publish never reaches the broker
-    assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
-    assert "job 'job' slot 1: no answer to the claim" in caplog.text
-    backend.after_declare = None
-    # The gate stayed empty, so the slot can still be won, on a new connection.
+    backend.after_declare = proxy.cut  # the publish never reaches the broker: the gate stays empty
     assert backend.claim([Claim("job", 1)], "me") == [Outcome.WON]
+    assert "job 'job' slot 1: no answer to the claim" in caplog.text
+    assert make_claim(prefix, Claim("job", 1)) == Outcome.LOST  # and it is held, once
+    backend.close()
+
+
+def test_without_retries_an_unanswered_claim_is_not_won(proxy: Proxy, prefix: str) -> None:
+    backend = _Hooked(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    backend.claim_retries = 0
+    backend.open()
+    assert backend.claim([Claim("job", 0)], "me") == [Outcome.WON]
+    backend.after_declare = stall_for(proxy, 1.5)
+    assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
+    time.sleep(1)
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "me") == [Outcome.LOST, Outcome.WON]
     backend.close()
 
 
@@ -379,13 +400,19 @@ def test_a_callers_connection_survives_a_lost_answer(proxy: Proxy, prefix: str) 
         backend = _Hooked(connection=theirs, prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
         backend.open()
         assert backend.claim([Claim("job", 0)], "me") == [Outcome.WON]  # channels are open
-        backend.after_declare = proxy.stall
-        assert backend.claim([Claim("job", 1)], "me") == [Outcome.UNDECIDED]
-        backend.after_declare = None
-        proxy.resume()
-        assert backend.claim([Claim("job", 1), Claim("job", 2)], "me") == [Outcome.LOST, Outcome.WON]
+        backend.after_declare = stall_for(proxy, 1.5)
+        assert backend.claim([Claim("job", 1)], "me") == [Outcome.LOST]  # made again: held by the first
+        assert backend.claim([Claim("job", 2)], "me") == [Outcome.WON]
         backend.close()
         assert theirs.connected
+
+
+def make_claim(prefix: str, claim: Claim) -> Outcome:
+    backend = rabbit("amqp://guest:guest@127.0.0.1:5672//", prefix)
+    try:
+        return backend.claim([claim], "other")[0]
+    finally:
+        backend.close()
 
 
 def test_maintain_keeps_an_idle_connection_alive(broker_url: str, prefix: str) -> None:

@@ -30,7 +30,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from .. import clock
 from ..connections import keep_alive, negotiated_heartbeat
-from ..errors import BrokerError, ConfigError
+from ..errors import BrokerError, BrokerUnavailable, ConfigError
 from ..history import decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
@@ -199,6 +199,8 @@ class RabbitMQBackend(Backend):
         ):
             raise ConfigError(f"confirm_timeout must be seconds in (0, 300], not {confirm_timeout!r}")
         self.confirm_timeout = float(confirm_timeout)
+        #: How many times a claim left without an answer is made again (see :meth:`claim`).
+        self.claim_retries = 2
         self._owned = connection is None
         if connection is None:
             if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
@@ -247,7 +249,7 @@ class RabbitMQBackend(Backend):
             self.connection.ensure_connection(max_retries=3, interval_start=0.5, interval_step=1)
             raw = self.connection.connection
         except self._errors() as exc:
-            raise BrokerError(
+            raise BrokerUnavailable(
                 f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
                 "running and that anarchon_backend (or broker_url) points at it"
             ) from exc
@@ -293,38 +295,55 @@ class RabbitMQBackend(Backend):
 
         Reconnecting is bounded by the claims' deadlines; a claim is never published after its
         deadline, and its answer is awaited at most ``confirm_timeout`` seconds.
+
+        A claim left without an answer (connection lost, confirm timeout) is made again on a new
+        connection while its deadline allows. That can never make a second winner: the broker
+        acks at most one publish per gate. If our first publish did arrive, the gate is held and
+        the new one is nacked (the run is then lost, never doubled); if it did not, the gate is
+        still empty and the run is won a little late instead of lost.
         """
-        if not claims:
-            return []
-        gates = [gate_name(self.prefix, c.job, c.slot) for c in claims]
+        outcomes: dict[str, Outcome] = {}
+        pending = [(claim, gate_name(self.prefix, claim.job, claim.slot)) for claim in claims]
+        for attempt in range(1 + self.claim_retries):
+            unanswered = self._claim_once(pending, instance, outcomes, last=attempt == self.claim_retries)
+            pending = [(c, g) for c, g in pending if g in unanswered]
+            if not pending:
+                break
+        return [outcomes[gate_name(self.prefix, c.job, c.slot)] for c in claims]
+
+    def _claim_once(
+        self, claims: list[tuple[Claim, str]], instance: str, outcomes: dict[str, Outcome], *, last: bool
+    ) -> set[str]:
+        """One round of :meth:`claim`; returns the gates whose claim may be made again."""
+        just_claims = [claim for claim, _ in claims]
         # Nothing is published before the gates are declared, so this part is safe to repeat: a
         # connection found dead (the broker restarted, or dropped it while we slept) is replaced
         # at once, and only then is the outage reported.
         for attempt in (1, 2):
-            left = _seconds_until(claims)
+            left = _seconds_until(just_claims)
             try:
                 raw = self._connect(left)
-                usable = [self._declare_gate(gate) for gate in gates]
+                usable = [self._declare_gate(gate) for _, gate in claims]
                 break
             except self._errors() as exc:
                 self._discard(connection_lost=True)
-                left = _seconds_until(claims)
+                left = _seconds_until(just_claims)
                 if attempt == 2 or (left is not None and left <= 0):
                     self._outage(exc)
-                    for claim in claims:
+                    for claim, gate in claims:
                         logger.warning(
                             "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
                             claim.job,
                             claim.slot,
                         )
-                    return [Outcome.UNDECIDED] * len(claims)
+                        outcomes[gate] = Outcome.UNDECIDED
+                    return set()
                 logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
         self._recovered()
 
-        outcomes: dict[str, Outcome] = {}
         to_publish = []
         now = clock.now_ms()
-        for claim, gate, ok in zip(claims, gates, usable):
+        for (claim, gate), ok in zip(claims, usable):
             if not ok:
                 outcomes[gate] = Outcome.BAD_GATE
             elif claim.deadline_ms is not None and now > claim.deadline_ms:
@@ -339,12 +358,22 @@ class RabbitMQBackend(Backend):
                 outcomes[gate] = Outcome.UNDECIDED
             else:
                 to_publish.append((claim, gate))
-        if to_publish:
-            outcomes.update(self._publish(raw, to_publish, instance))
-        return [outcomes[g] for g in gates]
+        if not to_publish:
+            return set()
+        return self._publish(raw, to_publish, instance, outcomes, last=last)
 
-    def _publish(self, raw: amqp.Connection, claims: list[tuple[Claim, str]], instance: str) -> dict[str, Outcome]:
+    def _publish(
+        self,
+        raw: amqp.Connection,
+        claims: list[tuple[Claim, str]],
+        instance: str,
+        outcomes: dict[str, Outcome],
+        *,
+        last: bool,
+    ) -> set[str]:
+        """Publish the claims and wait for their answers; returns the gates left unanswered."""
         confirms = self._confirms
+        failure: BaseException | None = None
         try:
             if confirms is None:
                 confirms = self._confirms = _Confirms(raw)
@@ -361,23 +390,35 @@ class RabbitMQBackend(Backend):
                     raise TimeoutError(f"no confirm within {self.confirm_timeout}s")
                 raw.drain_events(timeout=remaining)
         except self._errors() as exc:
-            # Whatever is still unanswered is undecided. Never reuse this channel (a late ack on
-            # it could pass for a later win), nor, when it is ours, this connection.
+            # Never reuse this channel (a late ack on it could pass for a later win), nor, when
+            # it is ours, this connection.
             self._discard(connection_lost=not isinstance(exc, TimeoutError))
-            reason = f"no answer to the claim ({type(exc).__name__}: {exc})"
-        else:
-            reason = "the claim was returned as unroutable (its gate vanished)"
+            failure = exc
         answers = confirms.answers if confirms is not None else {}
-        result = {gate: answers.pop(gate, Outcome.UNDECIDED) for _, gate in claims}
+        unanswered = set()
         for claim, gate in claims:
-            if result[gate] is Outcome.UNDECIDED:
+            outcome = answers.pop(gate, None)
+            if outcome is None:  # no answer: try again (see claim()) or give up
+                outcomes[gate] = Outcome.UNDECIDED
+                unanswered.add(gate)
                 logger.warning(
-                    "anarchon: job %r slot %d: %s; not run by this instance",
+                    "anarchon: job %r slot %d: no answer to the claim (%s: %s); %s",
                     claim.job,
                     claim.slot,
-                    reason,
+                    type(failure).__name__,
+                    failure,
+                    "not run by this instance" if last else "claiming it again on a new connection",
                 )
-        return result
+            else:
+                outcomes[gate] = outcome
+                if outcome is Outcome.UNDECIDED:
+                    logger.warning(
+                        "anarchon: job %r slot %d: the claim was returned as unroutable (its gate vanished); "
+                        "not run by this instance",
+                        claim.job,
+                        claim.slot,
+                    )
+        return set() if last else unanswered
 
     # -- history ------------------------------------------------------------------------------
 
@@ -596,7 +637,7 @@ class RabbitMQBackend(Backend):
         return (
             self.connection.connection_errors
             + self.connection.channel_errors
-            + (OSError, TimeoutError, OperationalError, amqp.exceptions.AMQPError)
+            + (OSError, TimeoutError, OperationalError, amqp.exceptions.AMQPError, BrokerUnavailable)
         )
 
     def _connect(self, timeout: float | None) -> amqp.Connection:
