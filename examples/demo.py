@@ -62,19 +62,22 @@ def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
     return len(names["queues"]) + len(names["exchanges"])
 
 
-def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_celery(
+    args: list[str], log: Path, env: dict[str, str], app: str = "demo_app", cwd: Path = HERE
+) -> subprocess.Popen[bytes]:
+    """Start `celery -A app ...` in its own process group, its output appended to `log`."""
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "demo_app", *args],
-        cwd=HERE,
+        [sys.executable, "-m", "celery", "-A", app, *args],
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=log.open("wb"),
+        stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 
 
-def _wait_for(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and needle in path.read_text(errors="replace"):
@@ -85,7 +88,7 @@ def _wait_for(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: f
     raise RuntimeError(f"{path.name}: no {needle!r} within {timeout}s:\n{path.read_text(errors='replace')[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -124,25 +127,25 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
         if embedded:
             beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
             workers = [
-                _start([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env)
+                start_celery([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env)
                 for i, log in enumerate(beat_logs)
             ]
             beat_procs: list[subprocess.Popen[bytes]] = []
             procs += workers
         else:
-            workers = [_start([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
+            workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
             procs += workers
-            _wait_for(tmp / "worker.log", "ready.", workers[0], 60)
+            wait_for_line(tmp / "worker.log", "ready.", workers[0], 60)
             beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
-            beat_procs = [_start(["beat", "-l", "info", "--pidfile="], log, env) for log in beat_logs]
+            beat_procs = [start_celery(["beat", "-l", "info", "--pidfile="], log, env) for log in beat_logs]
             procs += beat_procs
         for log, proc in zip(beat_logs, beat_procs or workers):
-            _wait_for(log, "anarchon: ready as", proc, 60)
+            wait_for_line(log, "anarchon: ready as", proc, 60)
         window_start = now_ms()
         time.sleep(duration)
         window_end = now_ms()
         for proc in beat_procs:
-            _stop(proc)
+            stop(proc)
         if embedded:  # stop the schedulers first, then let the queue drain
             for proc in workers:
                 proc.send_signal(signal.SIGTERM)
@@ -152,7 +155,7 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
                 time.sleep(0.5)
             time.sleep(1)  # the last task may still be executing
         for proc in workers:
-            _stop(proc)
+            stop(proc)
         result = _report(prefix, env, beat_logs, executions, window_start, window_end)
         result["cli"] = {  # what `celery -A demo_app anarchon ...` shows of this run
             name: subprocess.run(
@@ -169,7 +172,7 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
         return result
     finally:
         for proc in procs:
-            _stop(proc)
+            stop(proc)
         delete_prefixed(prefix)
         if keep_logs:
             print(f"logs kept in {tmp}", file=sys.stderr)

@@ -1,0 +1,354 @@
+"""Soak benchmark: several scheduler instances, many second-level jobs, a fault every few seconds.
+
+    python benchmarks/soak.py                                   # every mode, ours and the baselines
+    python benchmarks/soak.py --modes kill --duration 60 --impls anarchon,redbeat
+
+For each fault mode (none, kill, cut, restart, pause) it runs:
+
+* ``anarchon``: N ``celery beat -S anarchon_celery.Scheduler`` instances;
+* ``redbeat``: two RedBeat instances (celery-redbeat, Redis on localhost, beat_max_loop_interval=5),
+  the fault aimed at RedBeat's lock holder;
+* ``beat``: two plain ``celery beat`` processes (mode ``none`` only: they need no fault to fail).
+
+A raw consumer on the task queue logs every task message by task id as it arrives. Our runs are
+counted per (job, slot) from the ``anarchon_slot`` header; the baselines carry no slot, so theirs
+are counted per job and period-long time bucket. It prints one JSON line per run and a table.
+
+Faults, every ``--every`` seconds: ``kill`` SIGKILLs an instance and starts it again; ``cut`` closes
+every broker connection (``rabbitmqctl close_all_connections``); ``restart`` stops and starts the
+broker application (``rabbitmqctl stop_app`` / ``start_app``); ``pause`` SIGSTOPs an instance for
+longer than ``max_late_ms``, then SIGCONTs it. A run missed because the killed instance had
+claimed it and not yet sent it is counted apart (``lost_with_killed``), from its gate's claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from demo import delete_prefixed, start_celery, stop, wait_for_line  # noqa: E402
+
+BROKER = os.environ.get("SOAK_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+MODES = ("none", "kill", "cut", "restart", "pause")
+READY = {"anarchon": "anarchon: ready as", "beat": "beat: Starting...", "redbeat": "beat: Starting..."}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], capture_output=True, stdin=subprocess.DEVNULL, timeout=120, check=False)
+
+
+class Tally(threading.Thread):
+    """The raw consumer: every task message on the queue, by task id, with its arrival time."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.queue = queue
+        self.arrivals: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+        self._halt = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        from kombu import Connection, Consumer, Exchange, Queue
+
+        queue = Queue(self.queue, Exchange(self.queue), self.queue, durable=True)
+        while not self._halt.is_set():
+            try:
+                with Connection(BROKER, connect_timeout=2) as conn:
+                    conn.ensure_connection(max_retries=1)
+                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"]):
+                        self.ready.set()
+                        while not self._halt.is_set():
+                            try:
+                                conn.drain_events(timeout=0.5)
+                            except TimeoutError:
+                                pass
+            except Exception:  # noqa: BLE001 - a cut or a broker restart: connect again
+                time.sleep(0.5)
+
+    def _on_message(self, body: Any, message: Any) -> None:
+        task_id = message.headers.get("id")
+        if task_id not in self._seen:  # a redelivery after a cut is the same message, not a run
+            self._seen.add(task_id)
+            job = body[0][0] if isinstance(body, list) and body and body[0] else None
+            self.arrivals.append(
+                {"task_id": task_id, "job": job, "slot": message.headers.get("anarchon_slot"), "at_ms": now_ms()}
+            )
+        message.ack()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+class Fleet:
+    """The scheduler instances of one run, and the faults played on them."""
+
+    def __init__(self, impl: str, count: int, env: dict[str, str], tmp: Path) -> None:
+        self.impl, self.env, self.tmp = impl, env, tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started_at: list[int] = []  # log offsets, to read only the current process's lines
+        self.killed_pids: set[int] = set()
+        for index in range(count):
+            self.procs.append(self._start(index))
+            self.started_at.append(0)
+
+    def log(self, index: int) -> Path:
+        return self.tmp / f"{self.impl}-{index}.log"
+
+    def _start(self, index: int) -> subprocess.Popen[bytes]:
+        args = ["beat", "-l", "info", "--pidfile=", "-s", str(self.tmp / f"schedule-{index}")]
+        return start_celery(args, self.log(index), self.env, app="soak_app", cwd=HERE)
+
+    def wait_ready(self) -> None:
+        for index, proc in enumerate(self.procs):
+            wait_for_line(self.log(index), READY[self.impl], proc, 60)
+
+    def target(self) -> int:
+        """The instance a fault is aimed at: RedBeat's lock holder, else any."""
+        if self.impl == "redbeat":
+            for index in range(len(self.procs)):
+                text = self.log(index).read_bytes()[self.started_at[index] :]
+                if b"beat: Acquired lock" in text:
+                    return index
+        return random.randrange(len(self.procs))
+
+    def kill(self) -> str:
+        index = self.target()
+        proc = self.procs[index]
+        self.killed_pids.add(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self.started_at[index] = self.log(index).stat().st_size
+        self.procs[index] = self._start(index)
+        return f"killed {self.impl}-{index} (pid {proc.pid})"
+
+    def pause(self, seconds: float) -> str:
+        index = self.target()
+        proc = self.procs[index]
+        os.killpg(proc.pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.killpg(proc.pid, signal.SIGCONT)
+        return f"paused {self.impl}-{index} for {seconds:.0f}s"
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop(proc)
+
+
+def play(mode: str, fleet: Fleet, every: float, until: float, pause_s: float, log: list[dict[str, Any]]) -> None:
+    """The fault schedule: one fault every `every` seconds until the monotonic time `until`."""
+    while time.monotonic() + every < until:
+        time.sleep(every)
+        at = now_ms()
+        if mode == "kill":
+            what = fleet.kill()
+        elif mode == "pause":
+            what = fleet.pause(pause_s)
+        elif mode == "cut":
+            rabbitmqctl("close_all_connections", "soak benchmark: cut")
+            what = "closed every connection"
+        elif mode == "restart":
+            rabbitmqctl("stop_app")
+            time.sleep(2)
+            rabbitmqctl("start_app")
+            rabbitmqctl("await_startup")
+            what = "broker restarted"
+        else:
+            return
+        log.append({"at_ms": at, "back_ms": now_ms(), "fault": what})
+
+
+def count(impl: str, arrivals: list[dict[str, Any]], jobs: int, period_ms: int, start: int, end: int) -> dict[str, Any]:
+    """Runs expected in [start, end), executed, duplicated and missed."""
+    names = [f"job-{n:02d}" for n in range(jobs)]
+    if impl == "anarchon":
+        key = [(a["job"], a["slot"]) for a in arrivals]
+        first = -(-start // period_ms) * period_ms
+        expected = {(job, slot) for job in names for slot in range(first, end, period_ms)}
+    else:  # no slot on the message: one period-long bucket of arrival time is one run
+        key = [(a["job"], a["at_ms"] // period_ms) for a in arrivals]
+        expected = {(job, b) for job in names for b in range(-(-start // period_ms), end // period_ms)}
+    seen = Counter(key)
+    executed = {k for k in expected if seen[k]}
+    return {
+        "expected": len(expected),
+        "executed": len(executed),
+        "duplicates": sum(1 for k, n in seen.items() if n > 1 and k in expected),
+        "missed": sorted(expected - executed),
+    }
+
+
+def claimed_by(prefix: str, missed: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+    """For missed runs of ours: the pid of the instance that holds each one's gate, if any.
+
+    Read only once every claim's deadline is long past, so reading a gate cannot let anyone in.
+    """
+    from kombu import Connection
+
+    from anarchon_celery.backends.rabbitmq import gate_name
+
+    holders: dict[tuple[str, int], int | None] = {}
+    with Connection(BROKER) as conn:
+        for job, slot in missed:
+            channel = conn.channel()
+            try:
+                message = channel.basic_get(gate_name(prefix, job, slot), no_ack=False)
+                holders[(job, slot)] = int(json.loads(message.body)["instance"].rsplit(":", 1)[1]) if message else None
+            except Exception:  # noqa: BLE001 - no gate: nobody claimed it
+                holders[(job, slot)] = None
+            finally:
+                try:
+                    channel.close()
+                except Exception:  # noqa: BLE001 - a channel closed by a 404 is gone already
+                    pass
+    return holders
+
+
+def soak(impl: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    prefix = f"soak-{uuid.uuid4().hex[:8]}."
+    tmp = Path(tempfile.mkdtemp(prefix="anarchon-soak-"))
+    count_instances = args.instances if impl == "anarchon" else 2
+    env = dict(
+        os.environ,
+        SOAK_PREFIX=prefix,
+        SOAK_IMPL=impl,
+        SOAK_JOBS=str(args.jobs),
+        SOAK_PERIOD=str(args.period),
+        SOAK_BROKER=BROKER,
+        SOAK_MAX_LATE_MS=str(args.max_late_ms),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
+    tally = Tally(f"{prefix}tasks")
+    tally.start()
+    tally.ready.wait(30)
+    faults: list[dict[str, Any]] = []
+    fleet = Fleet(impl, count_instances, env, tmp)
+    try:
+        fleet.wait_ready()
+        start = now_ms() + 3000
+        until = time.monotonic() + 3 + args.duration
+        play(mode, fleet, args.every, until, (args.max_late_ms + 2000) / 1000, faults)
+        time.sleep(max(0.0, until - time.monotonic()))
+        end = now_ms()
+        fleet.stop()
+        time.sleep(2)
+    finally:
+        fleet.stop()
+        tally.stop()
+    period_ms = round(args.period * 1000)
+    counted = count(impl, tally.arrivals, args.jobs, period_ms, start, end - args.tail_s * 1000)
+    result: dict[str, Any] = {
+        "impl": impl,
+        "mode": mode,
+        "instances": count_instances,
+        "jobs": args.jobs,
+        "period_s": args.period,
+        "duration_s": round((end - start) / 1000),
+        "faults": len(faults),
+        **{k: v for k, v in counted.items() if k != "missed"},
+        "missed": len(counted["missed"]),
+    }
+    if impl == "anarchon" and mode == "kill":
+        holders = claimed_by(prefix, counted["missed"])
+        result["lost_with_killed"] = sum(1 for pid in holders.values() if pid in fleet.killed_pids)
+        result["missed_other"] = result["missed"] - result["lost_with_killed"]
+    if mode == "restart":  # seconds from the broker's return to the first task after it
+        waits = []
+        for fault in faults:
+            after = [a["at_ms"] for a in tally.arrivals if a["at_ms"] >= fault["back_ms"]]
+            waits.append((min(after) - fault["back_ms"]) / 1000 if after else None)
+        result["recovery_s_max"] = max((w for w in waits if w is not None), default=None)
+        result["recoveries"] = waits
+    delete_prefixed(prefix, BROKER)
+    if impl == "redbeat":
+        import redis
+
+        client = redis.Redis.from_url(os.environ.get("SOAK_REDIS", "redis://127.0.0.1:6379/0"))
+        for key in client.scan_iter(f"{prefix}*"):
+            client.delete(key)
+    if not args.keep_logs:
+        for path in tmp.iterdir():
+            path.unlink()
+        tmp.rmdir()
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    headers = [
+        "impl",
+        "mode",
+        "inst",
+        "faults",
+        "expected",
+        "executed",
+        "dup",
+        "missed",
+        "lost w/ killed",
+        "recovery s",
+    ]
+    rows = [
+        [
+            r["impl"],
+            r["mode"],
+            r["instances"],
+            r["faults"],
+            r["expected"],
+            r["executed"],
+            r["duplicates"],
+            r["missed"],
+            r.get("lost_with_killed", "-"),
+            r.get("recovery_s_max", "-"),
+        ]
+        for r in results
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in [headers, *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated fault modes")
+    parser.add_argument("--impls", default="anarchon,redbeat,beat", help="anarchon, redbeat, beat")
+    parser.add_argument("--instances", type=int, default=3, help="anarchon instances (baselines run 2)")
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--period", type=float, default=2.0, help="seconds between a job's runs")
+    parser.add_argument("--duration", type=float, default=300, help="seconds per (impl, mode)")
+    parser.add_argument("--every", type=float, default=15, help="seconds between faults")
+    parser.add_argument("--max-late-ms", type=int, default=10_000)
+    parser.add_argument("--tail-s", type=int, default=5, help="runs of the last seconds are not counted")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args(argv)
+    results = []
+    for mode in args.modes.split(","):
+        for impl in args.impls.split(","):
+            if impl == "beat" and mode != "none":
+                continue  # two plain beats duplicate everything already
+            result = soak(impl, mode, args)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

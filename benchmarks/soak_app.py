@@ -1,0 +1,44 @@
+"""The Celery app the soak benchmark schedules: SOAK_JOBS jobs every SOAK_PERIOD seconds, run by
+anarchon_celery, plain celery beat or RedBeat (SOAK_IMPL). Every run is one `soak_app.tick(job)`
+message on the queue `<SOAK_PREFIX>tasks`, counted by the benchmark's own consumer."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+PREFIX = os.environ.get("SOAK_PREFIX", "soak.")
+JOBS = int(os.environ.get("SOAK_JOBS", "20"))
+PERIOD = float(os.environ.get("SOAK_PERIOD", "2"))
+IMPL = os.environ.get("SOAK_IMPL", "anarchon")
+
+app = Celery("soak_app", broker=os.environ.get("SOAK_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+app.conf.update(
+    task_default_queue=f"{PREFIX}tasks",
+    broker_connection_retry_on_startup=True,
+    beat_schedule={
+        f"job-{n:02d}": {"task": "soak_app.tick", "schedule": PERIOD, "args": (f"job-{n:02d}",)} for n in range(JOBS)
+    },
+)
+if IMPL == "anarchon":
+    app.conf.update(
+        beat_scheduler="anarchon_celery.Scheduler",
+        anarchon_prefix=PREFIX,
+        anarchon_jitter_ms=int(os.environ.get("SOAK_JITTER_MS", "300")),
+        anarchon_max_late_ms=int(os.environ.get("SOAK_MAX_LATE_MS", "10000")),
+        anarchon_slot_ttl_ms=60_000,
+        anarchon_history_size=10,
+    )
+elif IMPL == "redbeat":
+    app.conf.update(
+        beat_scheduler="redbeat.RedBeatScheduler",
+        redbeat_redis_url=os.environ.get("SOAK_REDIS", "redis://127.0.0.1:6379/0"),
+        redbeat_key_prefix=PREFIX,
+        beat_max_loop_interval=5,
+    )
+
+
+@app.task(name="soak_app.tick")
+def tick(job: str) -> None:
+    """Nothing to do: the benchmark counts the messages, not the work."""
