@@ -258,7 +258,13 @@ def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) ->
 
     Checks names (valid, unique), tasks (registered), per-job keys and the safety rule.
     """
-    app_tz = app.timezone
+    try:
+        app_tz = app.timezone
+    except Exception as exc:  # noqa: BLE001 - Celery raises what zoneinfo or its own loader raises
+        raise ConfigError(
+            f"the app's timezone setting {app.conf.timezone!r} is not a known time zone: "
+            "use an IANA name such as 'Europe/Paris' or 'UTC'"
+        ) from exc
     entries = _decorated_entries(app)
     schedule = app.conf.beat_schedule or {}
     if not isinstance(schedule, Mapping):

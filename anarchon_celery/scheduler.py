@@ -56,6 +56,7 @@ class Scheduler(beat.Scheduler):
         self._random = random.Random()
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
+        self._signal_handlers: dict[int, tuple[Any, Any]] = {}
         super().__init__(app, *args, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -98,6 +99,13 @@ class Scheduler(beat.Scheduler):
                     original(signum, frame)
 
             signal.signal(signum, handler)
+            self._signal_handlers[signum] = (handler, original)
+
+    def _restore_signals(self) -> None:
+        for signum, (ours, original) in self._signal_handlers.items():
+            if signal.getsignal(signum) is ours:
+                signal.signal(signum, original)
+        self._signal_handlers.clear()
 
     @property
     def info(self) -> str:
@@ -257,5 +265,7 @@ class Scheduler(beat.Scheduler):
         try:
             super().close()
         finally:
+            if threading.current_thread() is threading.main_thread():
+                self._restore_signals()
             if self.backend is not None:
                 self.backend.close()

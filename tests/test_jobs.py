@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.schedules import crontab
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import anarchon_celery
@@ -312,3 +312,42 @@ def test_hostile_beat_schedules_work_or_fail_with_a_config_error(schedule: dict[
     else:
         for job in jobs.values():
             assert job.next_slot(0) > 0
+
+
+SETTING_KEYS = st.sampled_from(
+    [
+        "anarchon_prefix",
+        "anarchon_slot_ttl_ms",
+        "anarchon_jitter_ms",
+        "anarchon_max_late_ms",
+        "anarchon_history_size",
+        "anarchon_backend",
+        "anarchon_bogus",
+        "timezone",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example({"j": {"task": "tasks.work", "schedule": "* * * * *"}}, {"timezone": "Mars/Olympus"})
+@example({"j": {"task": "tasks.work", "schedule": 5}}, {"anarchon_prefix": "amq.x", "anarchon_slot_ttl_ms": True})
+@given(
+    st.dictionaries(NAMES, st.dictionaries(KEYS, VALUES, max_size=6), max_size=3),
+    st.dictionaries(
+        SETTING_KEYS, st.one_of(VALUES, st.sampled_from(["memory://", "redis://x", "UTC", "amq.x"])), max_size=4
+    ),
+)
+def test_hostile_configurations_through_the_scheduler_setup(schedule: dict[Any, Any], conf: dict[str, Any]) -> None:
+    from anarchon_celery import AnarchonError, Scheduler
+
+    app = make_app(beat_schedule=schedule)
+    app.conf.update(conf)
+    if not isinstance(app.conf.get("anarchon_backend"), str) or not app.conf.anarchon_backend.startswith("memory"):
+        app.conf.anarchon_backend = "memory://"  # no broker here: the RabbitMQ side is tested against RabbitMQ
+    try:
+        scheduler = Scheduler(app)
+    except AnarchonError as exc:
+        assert str(exc)
+    else:
+        assert set(scheduler.jobs) <= {str(name) for name in schedule}
+        scheduler.close()
