@@ -52,8 +52,24 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], capture_output=True, stdin=subprocess.DEVNULL, timeout=120, check=False)
+def rabbitmqctl(*args: str, timeout: float = 120) -> bool:
+    try:
+        done = subprocess.run(["rabbitmqctl", *args], capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def restart_broker() -> bool:
+    """Start the broker application again; if it will not start, restart the whole node.
+    Returns False when the node had to be restarted. Never leaves the broker down silently."""
+    if rabbitmqctl("start_app", timeout=90) and rabbitmqctl("await_startup", timeout=90):
+        return True
+    rabbitmqctl("stop", timeout=60)
+    subprocess.run(["rabbitmq-server", "-detached"], capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    if not rabbitmqctl("await_startup", "--timeout", "170", timeout=180):
+        raise RuntimeError("RabbitMQ did not come back after the restart fault: start it by hand")
+    return False
 
 
 class Tally(threading.Thread):
@@ -170,9 +186,7 @@ def play(mode: str, fleet: Fleet, every: float, until: float, pause_s: float, lo
         elif mode == "restart":
             rabbitmqctl("stop_app")
             time.sleep(2)
-            rabbitmqctl("start_app")
-            rabbitmqctl("await_startup")
-            what = "broker restarted"
+            what = "broker restarted" if restart_broker() else "broker restarted, the node had to be restarted"
         else:
             return
         log.append({"at_ms": at, "back_ms": now_ms(), "fault": what})
