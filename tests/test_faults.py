@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from demo import start_celery
 from kombu import Connection, Exchange, Queue
 
 from .proxy import Proxy, free_port
@@ -30,16 +30,14 @@ def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
 
 
 def start_beat(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", APP, "beat", "-S", "anarchon_celery.Scheduler", "-l", "debug"]
-        + ["--pidfile="],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "debug", "--pidfile="]
+    return start_celery(args, log, env, app=APP, cwd=ROOT)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float = 60, after: int = 0) -> int:
@@ -86,9 +84,7 @@ def test_sigterm_during_a_claim_finishes_it_and_sends_the_task(
         assert "won, sent" in text.rsplit("anarchon: job 'every' slot ", 1)[1]
         assert last_won in sent_slots(broker_url, f"{prefix}tasks")  # the run in progress was sent
     finally:
-        if beat.poll() is None:
-            os.killpg(beat.pid, signal.SIGKILL)
-            beat.wait()
+        kill(beat)
         proxy.close()
 
 
@@ -108,8 +104,6 @@ def test_a_broker_missing_at_start_is_waited_for(
         assert beat.poll() is None  # it never exited
         assert sent_slots(broker_url, f"{prefix}tasks")
     finally:
-        if beat.poll() is None:
-            os.killpg(beat.pid, signal.SIGKILL)
-            beat.wait()
+        kill(beat)
         if proxy is not None:
             proxy.close()

@@ -45,6 +45,18 @@ _INEQUIVALENT = re.compile(r"inequivalent arg '([^']+)' for .*: received (.*) bu
 _VALUE = re.compile(r"'([^']*)'")
 
 
+DEFAULT_CONFIRM_TIMEOUT = 5.0
+
+
+def _own_connection_options(confirm_timeout: float) -> dict[str, Any]:
+    """kombu Connection options for a connection of the backend's own."""
+    return {
+        "connect_timeout": 5,
+        # Every broker answer is awaited at most this long: a silent broker is an outage.
+        "transport_options": {"read_timeout": confirm_timeout, "write_timeout": confirm_timeout},
+    }
+
+
 def gate_name(prefix: str, job: str, slot: int) -> str:
     """The gate queue of one run."""
     return f"{prefix}{job}.slot.{slot}"
@@ -186,7 +198,7 @@ class RabbitMQBackend(Backend):
         prefix: str = "cron.",
         slot_ttl_ms: int = 300_000,
         *,
-        confirm_timeout: float = 5.0,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
         heartbeat: float = 60,
         ssl: Any = None,
     ) -> None:
@@ -206,7 +218,7 @@ class RabbitMQBackend(Backend):
             if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
                 shown = maybe_sanitize_url(url) if isinstance(url, str) else repr(url)
                 raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {shown}")
-            connection = Connection(url, heartbeat=heartbeat, ssl=ssl, **self.connection_options())
+            connection = Connection(url, heartbeat=heartbeat, ssl=ssl, **_own_connection_options(self.confirm_timeout))
         elif not isinstance(connection, Connection):
             raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
         elif connection.transport_cls not in AMQP_SCHEMES:
@@ -219,24 +231,12 @@ class RabbitMQBackend(Backend):
         self._opened = False
         self._outage_since: float | None = None
 
-    def connection_options(self) -> dict[str, Any]:
-        """kombu Connection options for a connection of the backend's own."""
-        return {
-            "connect_timeout": 5,
-            # Every broker answer is awaited at most this long: a silent broker is an outage.
-            "transport_options": {"read_timeout": self.confirm_timeout, "write_timeout": self.confirm_timeout},
-        }
-
     @classmethod
     def from_app(cls, app: Any, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RabbitMQBackend:
         """A backend on the app's broker, with a connection of its own built from every
         ``broker_*`` setting (failover URLs, TLS, login method, transport options)."""
-        backend = cls(connection=app.connection_for_write(), prefix=prefix, slot_ttl_ms=slot_ttl_ms)
-        options = backend.connection_options()
-        backend.connection.release()
-        backend.connection = app.connection_for_write(
-            heartbeat=60, connect_timeout=options["connect_timeout"], transport_options=options["transport_options"]
-        )
+        connection = app.connection_for_write(heartbeat=60, **_own_connection_options(DEFAULT_CONFIRM_TIMEOUT))
+        backend = cls(connection=connection, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
         backend._owned = True
         return backend
 
