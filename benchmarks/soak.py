@@ -35,25 +35,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+from common import BROKER, HERE, Tally, delete_prefixed, now_ms, start_celery, stop, wait_for_line
 
-from demo import delete_prefixed, start_celery, stop, wait_for_line  # noqa: E402
-
-BROKER = os.environ.get("SOAK_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 MODES = ("none", "kill", "cut", "pause", "restart")  # restart last: it is the one that can upset the broker
 READY = {"anarchon": "anarchon: ready as", "beat": "beat: Starting...", "redbeat": "beat: Starting..."}
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def rabbitmqctl(*args: str, timeout: float = 120) -> bool:
@@ -74,50 +65,6 @@ def restart_broker() -> bool:
     if not rabbitmqctl("await_startup", "--timeout", "170", timeout=180):
         raise RuntimeError("RabbitMQ did not come back after the restart fault: start it by hand")
     return False
-
-
-class Tally(threading.Thread):
-    """The raw consumer: every task message on the queue, by task id, with its arrival time."""
-
-    def __init__(self, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.queue = queue
-        self.arrivals: list[dict[str, Any]] = []
-        self._seen: set[str] = set()
-        self._halt = threading.Event()
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        from kombu import Connection, Consumer, Exchange, Queue
-
-        queue = Queue(self.queue, Exchange(self.queue), self.queue, durable=True)
-        while not self._halt.is_set():
-            try:
-                with Connection(BROKER, connect_timeout=2) as conn:
-                    conn.ensure_connection(max_retries=1)
-                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"]):
-                        self.ready.set()
-                        while not self._halt.is_set():
-                            try:
-                                conn.drain_events(timeout=0.5)
-                            except TimeoutError:
-                                pass
-            except Exception:  # noqa: BLE001 - a cut or a broker restart: connect again
-                time.sleep(0.5)
-
-    def _on_message(self, body: Any, message: Any) -> None:
-        task_id = message.headers.get("id")
-        if task_id not in self._seen:  # a redelivery after a cut is the same message, not a run
-            self._seen.add(task_id)
-            job = body[0][0] if isinstance(body, list) and body and body[0] else None
-            self.arrivals.append(
-                {"task_id": task_id, "job": job, "slot": message.headers.get("anarchon_slot"), "at_ms": now_ms()}
-            )
-        message.ack()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
 
 
 class Fleet:

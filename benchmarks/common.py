@@ -1,0 +1,105 @@
+"""What the benchmarks share: the broker, percentiles, the table and the JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from demo import delete_prefixed, start_celery, stop, wait_for_line  # noqa: E402
+
+__all__ = [
+    "BROKER",
+    "HERE",
+    "delete_prefixed",
+    "now_ms",
+    "percentile",
+    "report",
+    "start_celery",
+    "stop",
+    "wait_for_line",
+]
+
+BROKER = os.environ.get("BENCH_BROKER", os.environ.get("SOAK_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Tally(threading.Thread):
+    """The raw consumer: every task message published to the queue, with its arrival time."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.queue = queue
+        self.arrivals: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+        self._halt = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        from kombu import Connection, Consumer, Exchange, Queue
+
+        queue = Queue(self.queue, Exchange(self.queue), self.queue, durable=True)
+        while not self._halt.is_set():
+            try:
+                with Connection(BROKER, connect_timeout=2) as conn:
+                    conn.ensure_connection(max_retries=1)
+                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"]):
+                        self.ready.set()
+                        while not self._halt.is_set():
+                            try:
+                                conn.drain_events(timeout=0.5)
+                            except TimeoutError:
+                                pass
+            except Exception:  # noqa: BLE001 - a cut or a broker restart: connect again
+                time.sleep(0.5)
+
+    def _on_message(self, body: Any, message: Any) -> None:
+        task_id = message.headers.get("id")
+        # A redelivery (after a cut) is a message seen already, not a run; every other delivery
+        # is a message published, even with a task id seen before: that is a run sent twice.
+        if not (message.delivery_info.get("redelivered") and task_id in self._seen):
+            self._seen.add(task_id)
+            job = body[0][0] if isinstance(body, list) and body and body[0] else None
+            self.arrivals.append(
+                {"task_id": task_id, "job": job, "slot": message.headers.get("anarchon_slot"), "at_ms": now_ms()}
+            )
+        message.ack()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def report(name: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """Print a table of ``rows`` and one JSON line with the rows and the summary."""
+    headers = list(dict.fromkeys(key for row in rows for key in row))
+    cells = [[_fmt(row.get(h, "")) for h in headers] for row in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *cells)]
+    for line in [headers, *cells]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)))
+    for key, value in summary.items():
+        print(f"{key}: {_fmt(value)}")
+    print(json.dumps({"benchmark": name, "rows": rows, **summary}), flush=True)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
