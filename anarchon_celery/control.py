@@ -14,7 +14,7 @@ from .backends import Backend, backend_for
 from .errors import ConfigError
 from .history import Run, encode_event, fold
 from .jobs import Job, collect_jobs
-from .sending import instance_id, send_run
+from .sending import instance_id, send_run, task_connection
 from .settings import Settings
 
 __all__ = ["ManualRun", "configure", "history", "last_run", "run_now"]
@@ -91,7 +91,7 @@ def run_now(app: Any, job: str) -> ManualRun:
     backend = deployment.backend
     run_id = str(uuid.uuid4())
     now = clock.now_ms()
-    connection = app.connection_for_write(transport_options={"confirm_publish": True})
+    connection = task_connection(app)
     try:
         backend.open()
         send_run(

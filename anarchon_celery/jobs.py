@@ -152,18 +152,21 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
     )
 
 
-def check_job(job: Job, prefix: str, slot_ttl_ms: int) -> None:
+def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0) -> None:
     """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
-    outlive the latest moment anyone may claim it)."""
+    outlive the latest moment anyone may claim it, counted from its first declaration, which
+    comes ``lead_ms`` before the slot)."""
     longest = len(f"{prefix}{job.name}{_LONGEST_SUFFIX}".encode())
     if longest > MAX_QUEUE_NAME:
         raise ConfigError(
             f"job {job.name!r}: the name is too long: its queue names would reach {longest} bytes with "
             f"prefix {prefix!r}, and RabbitMQ takes {MAX_QUEUE_NAME}. Shorten the job name or the prefix"
         )
-    if job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
+    if lead_ms + job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
+        lead = "anarchon_lead_ms + " if lead_ms else ""
+        lead_value = f"{lead_ms} + " if lead_ms else ""
         raise ConfigError(
-            f"job {job.name!r}: jitter_ms + max_late_ms ({job.jitter_ms} + {job.max_late_ms} ms) "
+            f"job {job.name!r}: {lead}jitter_ms + max_late_ms ({lead_value}{job.jitter_ms} + {job.max_late_ms} ms) "
             f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): after a gate expires, RabbitMQ "
             "forgets the run was taken and a late instance could run it again. Lower them or "
             "raise anarchon_slot_ttl_ms"
@@ -285,6 +288,6 @@ def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) ->
                 f"job {name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
                 "Import its module in the beat process (imports/include settings)"
             )
-        check_job(job, prefix, slot_ttl_ms)
+        check_job(job, prefix, slot_ttl_ms, settings.lead_ms)
         jobs[name] = job
     return list(jobs.values())

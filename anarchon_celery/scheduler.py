@@ -24,7 +24,7 @@ from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
 from .jobs import Job, task_id_for
-from .sending import instance_id, send_run
+from .sending import Outgoing, TaskSender, instance_id, task_connection
 
 __all__ = ["Scheduler", "instance_id"]
 
@@ -47,12 +47,17 @@ class Scheduler(beat.Scheduler):
 
     #: Claims of runs due together are sent in batches of at most this many.
     batch_size = 500
+    #: Gates declared ahead (``anarchon_lead_ms``) at most this many per wake-up, so that claims
+    #: coming due meanwhile are not held up.
+    prepare_batch = 200
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
         self.backend: Backend | None = None
         self.instance = instance_id()
         self._queue: list[_Due] = []
+        self._prepares: list[_Due] = []  # due_ms: when to declare the run's gate ahead
+        self.lead_ms = 0
         self._random = random.Random()
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
@@ -73,8 +78,10 @@ class Scheduler(beat.Scheduler):
             reachable = False
         self.backend = backend
         self.jobs = deployment.jobs
+        self.lead_ms = deployment.settings.lead_ms
         start = clock.now_ms()
         self._queue = []
+        self._prepares = []
         for job in self.jobs.values():
             if reachable:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
@@ -124,34 +131,55 @@ class Scheduler(beat.Scheduler):
             return float(self.max_interval)
         backend.maintain()
         self._keep_alive()
-        now = clock.now_ms()
-        due: list[_Due] = []
-        while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
-            due.append(heapq.heappop(self._queue))
-        if due:
+        sent: list[tuple[Outgoing, int]] = []
+        # Every run due now, in batches; a stop signal waits for the batch in progress only.
+        while self._queue and self._queue[0].due_ms <= clock.now_ms() and self._stop_requested is None:
+            now = clock.now_ms()
+            due: list[_Due] = []
+            while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
+                due.append(heapq.heappop(self._queue))
             self._busy = True
             try:
-                self._run(due)
+                sent += self._run(due)
             finally:
                 self._busy = False
-            if self._stop_requested is not None:
-                handler, signum, frame = self._stop_requested
-                self._stop_requested = None
-                logger.info("anarchon: stopping, the runs in progress are done")
-                handler(signum, frame)
+        self._record(sent)  # after every claim and send due now: history never delays a run
+        if self._stop_requested is not None:
+            handler, signum, frame = self._stop_requested
+            self._stop_requested = None
+            logger.info("anarchon: stopping, the runs in progress are done")
+            handler(signum, frame)
+        self._prepare(backend)
         limits = [float(self.max_interval)]
         idle = backend.max_idle_s()
         if idle is not None:
             limits.append(idle)
-        if self._queue:
-            limits.append(max(0.0, (self._queue[0].due_ms - clock.now_ms()) / 1000))
+        now = clock.now_ms()
+        for queue in (self._queue, self._prepares):
+            if queue:
+                limits.append(max(0.0, (queue[0].due_ms - now) / 1000))
         return min(limits)
 
     def _push(self, job: Job, slot: int) -> None:
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
         heapq.heappush(self._queue, _Due(slot + jitter, slot, job.name))
+        if self.lead_ms:
+            heapq.heappush(self._prepares, _Due(slot + jitter - self.lead_ms, slot, job.name))
 
-    def _run(self, due: list[_Due]) -> None:
+    def _prepare(self, backend: Backend) -> None:
+        """Declare ahead the gates of runs due within ``lead_ms``, so that at their slot only the
+        claim remains. A run whose claim is already due is left to the claim."""
+        now = clock.now_ms()
+        ready: list[Claim] = []
+        while self._prepares and self._prepares[0].due_ms <= now and len(ready) < self.prepare_batch:
+            item = heapq.heappop(self._prepares)
+            if item.due_ms + self.lead_ms > now:
+                ready.append(Claim(item.job, item.slot))
+        if ready:
+            backend.prepare(ready)
+
+    def _run(self, due: list[_Due]) -> list[tuple[Outgoing, int]]:
+        """Claim the due runs and send the tasks of those won; returns the runs sent, with when."""
         assert self.backend is not None
         now = clock.now_ms()
         claims: list[Claim] = []
@@ -172,14 +200,18 @@ class Scheduler(beat.Scheduler):
                 continue
             claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
         if not claims:
-            return
+            return []
         logger.debug("anarchon: claiming %d run(s)", len(claims))
         outcomes = self.backend.claim(claims, self.instance)
+        won = []
         for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.WON:
-                self._send(self.jobs[claim.job], claim.slot, claim.deadline_ms or now)
+                task_id = task_id_for(self.backend.prefix, claim.job, claim.slot)
+                deadline = claim.deadline_ms or now
+                won.append(Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", deadline))
             else:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
+        return self._send(won) if won else []
 
     def _schedule_after(self, job: Job, slot: int, now: int) -> None:
         """Queue the job's next run; runs already too late to claim are skipped at once."""
@@ -199,57 +231,56 @@ class Scheduler(beat.Scheduler):
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _send(self, job: Job, slot: int, deadline_ms: int) -> None:
+    def _send(self, runs: list[Outgoing]) -> list[tuple[Outgoing, int]]:
+        """Send the won runs' tasks, all at once; returns those sent, with when."""
+        errors = self.sender.send(runs)
+        at_ms = clock.now_ms()
+        for run, error in zip(runs, errors):
+            job = run.job
+            if error is not None:  # a failed send must not stop the other jobs
+                logger.error(
+                    "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r",
+                    job.name,
+                    run.slot,
+                    job.task,
+                    run.task_id,
+                    error,
+                    exc_info=error,
+                )
+                continue
+            logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, run.slot, job.task, run.task_id)
+        return [(run, at_ms) for run, error in zip(runs, errors) if error is None]
+
+    def _record(self, sent: list[tuple[Outgoing, int]]) -> None:
+        """Write the ``sent`` event of each run to its job's history."""
         assert self.backend is not None
-        task_id = task_id_for(self.backend.prefix, job.name, slot)
-        try:
-            send_run(
-                self.app,
-                self.connection,
-                job,
-                slot=slot,
-                task_id=task_id,
-                run_id=task_id,
-                trigger="schedule",
-                deadline_ms=deadline_ms,
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed send must not stop the other jobs
-            logger.error(
-                "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r",
-                job.name,
-                slot,
-                job.task,
-                task_id,
-                exc,
-                exc_info=True,
-            )
-            return
-        logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, slot, job.task, task_id)
-        self.backend.record(
-            job.name,
-            encode_event(
+        events = []
+        for run, at_ms in sent:
+            event = encode_event(
                 "sent",
-                run=task_id,
-                job=job.name,
-                at_ms=clock.now_ms(),
-                slot=slot,
-                task_id=task_id,
-                task=job.task,
+                run=run.run_id,
+                job=run.job.name,
+                at_ms=at_ms,
+                slot=run.slot,
+                task_id=run.task_id,
+                task=run.job.task,
                 instance=self.instance,
                 trigger="schedule",
-            ),
-            job.history_size,
-        )
+            )
+            events.append((run.job.name, event, run.job.history_size))
+        if events:
+            self.backend.record_many(events)
 
     @cached_property
     def connection(self) -> Any:
-        """The connection tasks are sent on: the app's broker, with publisher confirms, so that
+        """The connection tasks are sent on: the app's broker, with publisher confirms (so that
         a message the broker refused is an error logged with its job and slot, not a task
-        silently lost; and with heartbeats and timeouts, so that a dead broker is noticed."""
-        return self.app.connection_for_write(
-            heartbeat=60,
-            transport_options={"confirm_publish": True, "read_timeout": 10, "write_timeout": 10},
-        )
+        silently lost), heartbeats and timeouts (so that a dead broker is noticed)."""
+        return task_connection(self.app, heartbeat=60)
+
+    @cached_property
+    def sender(self) -> TaskSender:
+        return TaskSender(self.app, self.connection)
 
     def _keep_alive(self) -> None:
         connection = self.__dict__.get("connection")
@@ -260,6 +291,7 @@ class Scheduler(beat.Scheduler):
         except Exception as exc:  # noqa: BLE001 - the next send reconnects
             logger.info("anarchon: the task connection dropped while idle (%r); it will be replaced", exc)
             connection.collect()
+            self.sender.close()
 
     def close(self) -> None:
         try:

@@ -1,9 +1,13 @@
-"""Sending a run's Celery task: once, with its deterministic id and headers.
+"""Sending runs' Celery tasks: once each, with their deterministic ids and headers.
 
-A send is repeated only when it certainly did not reach a queue: the connection could not be
-made (nothing was written), or the broker refused the message (a nack). A connection lost or a
-confirm missing after the message was written is not repeated, since the broker may have queued
-it already: a second copy would run the task twice.
+The tasks of runs won together are written one after the other on a channel in confirm mode and
+their confirms are read afterwards, matched by delivery tag: one round trip for the lot, not one
+per task (kombu has no batch publish for AMQP; its ``Producer.batch`` publishes one by one there).
+
+A send is repeated only when it certainly did not reach a queue: the connection could not be made
+(nothing was written), or the broker refused the message (a nack). A connection lost or a confirm
+missing after the message was written is not repeated, since the broker may have queued it
+already: a second copy would run the task twice.
 """
 
 from __future__ import annotations
@@ -11,19 +15,32 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from amqp.exceptions import MessageNacked
+from kombu.exceptions import EncodeError
 
 from . import clock
 from .jobs import Job
 
-__all__ = ["instance_id", "run_headers", "send_run"]
+__all__ = ["Outgoing", "TaskSender", "instance_id", "run_headers", "send_run", "task_connection"]
 
-#: Seconds to wait for the broker's confirm of a task message.
+#: Seconds to wait for the broker's confirms of the task messages written together.
 CONFIRM_TIMEOUT = 5.0
 #: Seconds between two sends of a message the broker refused.
 NACK_BACKOFF = 0.5
+
+
+class Outgoing(NamedTuple):
+    """One run's task, to be sent by ``deadline_ms`` (epoch milliseconds) at the latest."""
+
+    job: Job
+    slot: int
+    task_id: str
+    run_id: str
+    trigger: str
+    deadline_ms: int
 
 
 def instance_id() -> str:
@@ -42,46 +59,170 @@ def run_headers(job: Job, *, slot: int, run_id: str, trigger: str) -> dict[str, 
     }
 
 
-def send_run(
-    app: Any,
-    connection: Any,
-    job: Job,
-    *,
-    slot: int,
-    task_id: str,
-    run_id: str,
-    trigger: str,
-    deadline_ms: int,
-) -> Any:
-    """Send the job's task over ``connection`` (made with ``confirm_publish``); return its result.
+def task_connection(app: Any, **options: Any) -> Any:
+    """A connection to send tasks on, from the app's broker settings. Confirms are handled by
+    :class:`TaskSender` on its own channel, so kombu's wait-for-each-publish mode is turned off."""
+    transport_options = {"read_timeout": 10, "write_timeout": 10, **options.pop("transport_options", {})}
+    transport_options["confirm_publish"] = False
+    return app.connection_for_write(transport_options=transport_options, **options)
 
-    Raises the last error when it could not be sent by ``deadline_ms`` (epoch milliseconds).
-    """
-    options = dict(job.options)
-    options["headers"] = run_headers(job, slot=slot, run_id=run_id, trigger=trigger)
-    task = app.tasks[job.task]
-    while True:
-        remaining = (deadline_ms - clock.now_ms()) / 1000
-        # Safe to retry: nothing is written before the connection is up.
-        connection.ensure_connection(
-            max_retries=None, interval_start=0, interval_step=0.5, interval_max=2, timeout=max(0.5, remaining)
-        )
-        producer = app.amqp.Producer(connection, auto_declare=False)
+
+def send_run(app: Any, connection: Any, job: Job, **run: Any) -> None:
+    """Send one run (see :class:`TaskSender`); raise its error when it could not be sent."""
+    error = TaskSender(app, connection).send([Outgoing(job, **run)])[0]
+    if error is not None:
+        raise error
+
+
+class TaskSender:
+    """Sends runs' tasks over ``connection`` (from :func:`task_connection`), confirmed, on a
+    channel of its own that it keeps between sends."""
+
+    def __init__(self, app: Any, connection: Any) -> None:
+        self.app = app
+        self.connection = connection
+        self._channel: Any = None
+        self._confirms: _TaskConfirms | None = None
+        self._raw: Any = None
+
+    def send(self, runs: Sequence[Outgoing]) -> list[BaseException | None]:
+        """One entry per run, in order: None once the broker confirmed its message, else the
+        error that stopped it (a run that could not be sent by its deadline gets the last one)."""
+        results: dict[int, BaseException | None] = {}
+        todo = list(range(len(runs)))
+        # Deadlines on the monotonic clock: a wall clock that jumps cannot stretch the retries.
+        start, now_ms = time.monotonic(), clock.now_ms()
+        until = [start + (run.deadline_ms - now_ms) / 1000 for run in runs]
+        while todo:
+            remaining = max(until[i] for i in todo) - time.monotonic()
+            try:
+                # Safe to retry: nothing is written before the connection is up.
+                self.connection.ensure_connection(
+                    max_retries=None, interval_start=0, interval_step=0.5, interval_max=2, timeout=max(0.5, remaining)
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever stops the connection fails these runs
+                results.update((i, exc) for i in todo)
+                break
+            refused, unwritten = self._send_once(runs, todo, results)
+            now = time.monotonic()
+            todo = [i for i in unwritten if now <= until[i]]
+            again = [i for i in refused if now + NACK_BACKOFF <= until[i]]
+            if again:
+                todo += again
+                time.sleep(NACK_BACKOFF)
+            for i in refused:
+                results.setdefault(i, MessageNacked(f"task {runs[i].task_id} refused by the broker"))
+            for i in unwritten:
+                results.setdefault(i, TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
+            for i in todo:
+                results.pop(i, None)
+        return [results.get(i) for i in range(len(runs))]
+
+    def close(self) -> None:
+        """Forget the channel (its connection is the caller's to close)."""
+        self._channel = self._confirms = self._raw = None
+
+    def _open_channel(self) -> tuple[Any, _TaskConfirms]:
+        raw = self.connection.connection
+        if self._channel is None or self._confirms is None or self._raw is not raw or not self._channel.is_open:
+            self._raw = raw  # a channel of an earlier connection is never used again
+            channel = self.connection.channel()
+            channel.confirm_select()
+            confirms = _TaskConfirms()
+            channel.events["basic_ack"].add(confirms.on_ack)
+            channel.events["basic_nack"].add(confirms.on_nack)
+            self._channel, self._confirms = channel, confirms
+        return self._channel, self._confirms
+
+    def _send_once(
+        self, runs: Sequence[Outgoing], todo: list[int], results: dict[int, BaseException | None]
+    ) -> tuple[list[int], list[int]]:
+        """Write the runs' tasks, then read their confirms. Returns the runs the broker refused
+        and the runs not written (both certainly not queued)."""
+        connection = self.connection
+        written: list[int] = []
+        failure: BaseException | None = None
+        confirms = None
         try:
-            return task.apply_async(
-                job.args,
-                dict(job.kwargs),
-                task_id=task_id,
-                producer=producer,
-                retry=False,
-                confirm_timeout=CONFIRM_TIMEOUT,
-                **options,
-            )
-        except MessageNacked:
-            # Refused by the broker (a full queue with reject-publish): nothing was queued.
-            if clock.now_ms() + NACK_BACKOFF * 1000 > deadline_ms:
-                raise
-            time.sleep(NACK_BACKOFF)
-        except BaseException:
-            connection.collect()  # never reuse a connection whose state is unknown
-            raise
+            channel, confirms = self._open_channel()
+            producer = self.app.amqp.Producer(channel, auto_declare=False)
+            for i in todo:
+                run = runs[i]
+                options = dict(run.job.options)
+                options["headers"] = run_headers(run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger)
+                confirms.expect(i)  # counted before the write: a write that fails half-way uses a tag
+                written.append(i)
+                try:
+                    task = self.app.tasks[run.job.task]
+                    options.update(task_id=run.task_id, producer=producer, retry=False)
+                    task.apply_async(run.job.args, dict(run.job.kwargs), **options)
+                except connection.connection_errors:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - refused before writing (routing, encoding)
+                    if not _before_writing(exc):
+                        raise
+                    confirms.forget()
+                    written.pop()
+                    results[i] = exc
+            deadline = time.monotonic() + CONFIRM_TIMEOUT
+            while confirms.waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no confirm within {CONFIRM_TIMEOUT}s")
+                connection.drain_events(timeout=left)
+        except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
+            failure = exc
+            self.close()
+            connection.collect()
+        answers = confirms.answers if confirms is not None else {}
+        refused = []
+        for i in written:
+            answer = answers.pop(i, None)
+            if answer is True:
+                results[i] = None
+            elif answer is False:
+                refused.append(i)  # nothing was queued: safe to send again
+            else:  # written, its fate unknown: never sent twice
+                results[i] = failure or TimeoutError("no confirm")
+        unwritten = [i for i in todo if i not in results and i not in refused]
+        return refused, unwritten
+
+
+def _before_writing(exc: BaseException) -> bool:
+    """Whether an error from ``apply_async`` certainly came before the message was written:
+    the arguments could not be encoded, or the options are wrong."""
+    return isinstance(exc, (EncodeError, KeyError, TypeError, ValueError))
+
+
+class _TaskConfirms:
+    """Delivery tags of the task messages written on one confirm channel, and their answers."""
+
+    def __init__(self) -> None:
+        self.next_tag = 1
+        self.tags: dict[int, int] = {}  # delivery tag -> run index
+        self.answers: dict[int, bool] = {}  # run index -> acked (True) or nacked (False)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.tags)
+
+    def expect(self, run: int) -> None:
+        self.tags[self.next_tag] = run
+        self.next_tag += 1
+
+    def forget(self) -> None:
+        """The last expected run was not written after all: its tag is free again."""
+        self.next_tag -= 1
+        del self.tags[self.next_tag]
+
+    def on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, True)
+
+    def on_nack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, False)
+
+    def _settle(self, tag: int, multiple: bool, acked: bool) -> None:
+        for t in [t for t in self.tags if t <= tag] if multiple else [tag]:
+            run = self.tags.pop(t, None)
+            if run is not None:
+                self.answers[run] = acked

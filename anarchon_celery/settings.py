@@ -16,15 +16,18 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_jitter_ms": 2_000,
     "anarchon_max_late_ms": 60_000,
     "anarchon_history_size": 100,
+    "anarchon_lead_ms": 10_000,
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Deployment-wide settings; the last four are defaults for every job.
+    """Deployment-wide settings; ``jitter_ms``, ``max_late_ms`` and ``history_size`` are
+    defaults for every job.
 
     ``backend`` is a Backend instance, a URL (``amqp://...``, or ``memory://`` for tests), or
-    None for the app's broker when that is RabbitMQ.
+    None for the app's broker when that is RabbitMQ. ``lead_ms`` is how long before a run's
+    claim its gate is declared (0: at the claim).
     """
 
     backend: Any = None
@@ -33,9 +36,16 @@ class Settings:
     jitter_ms: int = 2_000
     max_late_ms: int = 60_000
     history_size: int = 100
+    lead_ms: int = 10_000
 
     def __post_init__(self) -> None:
-        for key, minimum in (("slot_ttl_ms", 1), ("jitter_ms", 0), ("max_late_ms", 0), ("history_size", 1)):
+        for key, minimum in (
+            ("slot_ttl_ms", 1),
+            ("jitter_ms", 0),
+            ("max_late_ms", 0),
+            ("history_size", 1),
+            ("lead_ms", 0),
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"anarchon_{key} must be an integer >= {minimum}, not {value!r}")

@@ -80,6 +80,32 @@ class Tally(threading.Thread):
         self.join(10)
 
 
+def bench_env(**variables: str) -> dict[str, str]:
+    """The environment of a benchmark's celery processes: ours, the broker, and this directory
+    on the path (for the benchmark apps)."""
+    return dict(
+        os.environ,
+        BENCH_BROKER=BROKER,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        **variables,
+    )
+
+
+def started_tally(queue: str) -> Tally:
+    """A :class:`Tally` on ``queue``, consuming already."""
+    tally = Tally(queue)
+    tally.start()
+    tally.ready.wait(30)
+    return tally
+
+
+def remove_dir(path: Path) -> None:
+    """Remove a directory of logs (flat)."""
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) by nearest rank."""
     ordered = sorted(values)

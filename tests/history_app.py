@@ -15,8 +15,9 @@ app.conf.update(
     imports=("anarchon_celery",),
     task_default_queue=f"{PREFIX}tasks",
     anarchon_prefix=PREFIX,
-    anarchon_slot_ttl_ms=60_000,
-    anarchon_max_late_ms=5_000,
+    anarchon_slot_ttl_ms=int(os.environ.get("HISTORY_APP_SLOT_TTL_MS", "60000")),
+    anarchon_max_late_ms=int(os.environ.get("HISTORY_APP_MAX_LATE_MS", "5000")),
+    anarchon_lead_ms=int(os.environ.get("HISTORY_APP_LEAD_MS", "10000")),
     anarchon_jitter_ms=0,
     anarchon_history_size=5,
     beat_schedule={

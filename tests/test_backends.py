@@ -162,8 +162,8 @@ def test_claim_body_names_the_instance(broker_url: str, prefix: str, connection:
 class _NoDeclare(RabbitMQBackend):
     """Publishes without declaring: as if the gate expired between declare and publish."""
 
-    def _declare_gate(self, gate: str) -> bool:
-        return True
+    def _declare_gates(self, gates: list[str]) -> list[bool]:
+        return [True] * len(gates)
 
 
 def test_an_unroutable_claim_is_not_a_win(broker_url: str, prefix: str) -> None:
@@ -244,6 +244,57 @@ def test_a_gate_the_broker_refuses_costs_only_its_own_run(broker_url: str, prefi
         assert backend.claim(claims, "me") == [Outcome.BAD_GATE, Outcome.WON]
         assert mine.connection is raw  # the caller's connection was neither closed nor replaced
         backend.close()
+
+
+def test_a_batch_of_claims_is_declared_pipelined_with_every_rule_of_one_claim(
+    broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Connection(broker_url) as other:
+        channel = other.channel()
+        # Mid-batch, queues the broker objects to: each closes the declaring channel, taking the
+        # declares written after it along; those are written again.
+        channel.queue_declare(gate_name(prefix, "j", 10), durable=True, auto_delete=False, arguments={})
+        channel.queue_declare(
+            gate_name(prefix, "j", 20), durable=True, auto_delete=False, arguments=gate_arguments(90_000)
+        )
+        other.default_channel.queue_declare(gate_name(prefix, "j", 30), exclusive=True)
+        backend = rabbit(broker_url, prefix)
+        claims = [Claim("j", n) for n in range(50)]
+        expected = [Outcome.WON] * 50
+        expected[10] = expected[30] = Outcome.BAD_GATE  # not a gate; locked by another connection
+        assert backend.claim(claims, "me") == expected  # 20: another TTL, adopted
+        assert backend.claim(claims, "me") == [Outcome.LOST if o is Outcome.WON else o for o in expected]
+        backend.close()
+    assert f"queue '{gate_name(prefix, 'j', 10)}' exists but is not a gate" in caplog.text
+
+
+def test_gates_prepared_ahead_are_claimed_without_declaring_them_again(broker_url: str, prefix: str) -> None:
+    a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
+    a.prepare([Claim("j", n) for n in range(20)])
+    with Connection(broker_url) as conn:
+        # The gates exist before their claims, and are empty.
+        for n in range(20):
+            assert conn.default_channel.queue_declare(gate_name(prefix, "j", n), passive=True).message_count == 0
+        # A prepared gate that vanishes before its claim (deleted by hand): the claim is returned
+        # as unroutable, never taken for a win.
+        conn.default_channel.queue_delete(gate_name(prefix, "j", 7))
+    outcomes = a.claim([Claim("j", n) for n in range(20)], "a")
+    assert outcomes == [Outcome.UNDECIDED if n == 7 else Outcome.WON for n in range(20)]
+    assert b.claim([Claim("j", n) for n in range(20)], "b") == [
+        Outcome.WON if n == 7 else Outcome.LOST for n in range(20)
+    ]
+    a.close()
+    b.close()
+
+
+def test_prepare_is_best_effort(proxy: Proxy, prefix: str) -> None:
+    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    backend.open()
+    proxy.stall()
+    backend.prepare([Claim("j", 1)])  # no answer: logged, not raised
+    proxy.resume()
+    assert backend.claim([Claim("j", 1)], "me") == [Outcome.WON]  # the claim declared its gate itself
+    backend.close()
 
 
 def test_a_callers_confirm_publish_connection_is_used_as_well(broker_url: str, prefix: str) -> None:
@@ -329,8 +380,8 @@ class _Hooked(RabbitMQBackend):
 
     after_declare: Any = None
 
-    def _declare_gate(self, gate: str) -> bool:
-        usable = super()._declare_gate(gate)
+    def _declare_gates(self, gates: list[str]) -> list[bool]:
+        usable = super()._declare_gates(gates)
         hook, self.after_declare = self.after_declare, None
         if hook is not None:
             hook()
@@ -407,6 +458,24 @@ def test_a_callers_connection_survives_a_lost_answer(proxy: Proxy, prefix: str) 
         assert theirs.connected
 
 
+@pytest.mark.timeout(60)  # a claim stuck on the silent broker would hang here
+def test_a_broker_silent_at_connect_time_is_not_waited_for_past_the_deadline(
+    proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The black hole: TCP connects, the broker never answers the handshake, nothing is closed.
+    proxy.stall()
+    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    with pytest.raises(BrokerError, match="cannot reach RabbitMQ"):
+        backend.open()
+    assert backend.claim([Claim("job", 1, deadline_ms=clock.now_ms() + 1000)], "me") == [Outcome.UNDECIDED]
+    assert "RabbitMQ at amqp://guest:**@127.0.0.1" in caplog.text and "is unavailable" in caplog.text
+    proxy.resume()
+    assert backend.claim([Claim("job", 2, deadline_ms=clock.now_ms() + 20_000)], "me") == [Outcome.WON]
+    assert backend.server_version >= (3, 9)  # checked on the first connection that worked
+    assert "is back after" in caplog.text
+    backend.close()
+
+
 def make_claim(prefix: str, claim: Claim) -> Outcome:
     backend = rabbit("amqp://guest:guest@127.0.0.1:5672//", prefix)
     try:
@@ -462,6 +531,15 @@ def test_history_is_recorded_and_read_back_in_order(make_backend: Any) -> None:
     ]
     assert events["other"] == []
     assert [run.status for run in fold(events["job"])] == ["running", "sent", "sent"]
+
+
+def test_many_history_events_are_recorded_at_once(make_backend: Any) -> None:
+    backend = make_backend()
+    events = [(f"job{n % 3}", _sent(f"r{n:02d}", 1000 + n), 50) for n in range(30)]
+    assert backend.record_many(events) == 30
+    history = backend.read_history(["job0", "job1", "job2"])
+    for j in range(3):
+        assert [e["run"] for e in history[f"job{j}"]] == [f"r{n:02d}" for n in range(j, 30, 3)]
 
 
 def test_history_streams_are_trimmed_by_size(broker_url: str, prefix: str) -> None:

@@ -1,5 +1,6 @@
 """Faults around real `celery beat` processes: a stop signal in the middle of a claim, a broker
-that is not there yet at start. The broker side goes through a TCP proxy the test controls."""
+that is not there (or silent) at start, every connection cut, the broker restarted, clocks that
+disagree. The broker side goes through a TCP proxy the test controls, or through rabbitmqctl."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from demo import start_celery
 from kombu import Connection, Exchange, Queue
 
+from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl
 from .proxy import Proxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,9 +32,9 @@ def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
     yield dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_PREFIX=prefix, HISTORY_APP_EVERY="2")
 
 
-def start_beat(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def start_beat(env: dict[str, str], log: Path, app: str = APP) -> subprocess.Popen[bytes]:
     args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "debug", "--pidfile="]
-    return start_celery(args, log, env, app=APP, cwd=ROOT)
+    return start_celery(args, log, env, app=app, cwd=ROOT)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -54,11 +57,63 @@ def wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: flo
 
 
 def sent_slots(broker_url: str, queue: str) -> list[int]:
+    """The slots of the job ``every`` sent to the task queue (drained)."""
     slots = []
     with Connection(broker_url) as conn:
         while (message := conn.default_channel.basic_get(queue, no_ack=True)) is not None:
-            slots.append(message.headers["anarchon_slot"])
+            if message.headers["anarchon_job"] == "every":
+                slots.append(message.headers["anarchon_slot"])
     return slots
+
+
+class Fleet:
+    """Several beats of one deployment, each with its own log and environment."""
+
+    def __init__(self, tmp_path: Path, envs: list[dict[str, str]], app: str = APP) -> None:
+        self.logs = [tmp_path / f"beat-{n}.log" for n in range(len(envs))]
+        self.procs = [start_beat(env, log, app) for env, log in zip(envs, self.logs)]
+
+    def wait_ready(self) -> None:
+        for proc, log in zip(self.procs, self.logs):
+            wait_for(log, "anarchon: ready as", proc)
+
+    def offsets(self) -> list[int]:
+        return [len(log.read_text(errors="replace")) for log in self.logs]
+
+    def wait_any(self, needle: str, after: list[int] | None = None, timeout: float = 60) -> None:
+        """Wait until one of the beats logs `needle` (past its offset in `after`)."""
+        after = after or [0] * len(self.logs)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc, log, offset in zip(self.procs, self.logs, after):
+                if log.read_text(errors="replace").find(needle, offset) >= 0:
+                    return
+                assert proc.poll() is None, f"beat exited:\n{log.read_text(errors='replace')[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"no beat logged {needle!r} within {timeout}s:\n{self.logs[0].read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """A clean stop of every beat at once: each exits 0 (none hung, none crashed)."""
+        for proc in self.procs:
+            assert proc.poll() is None, "a beat exited by itself"
+            proc.send_signal(signal.SIGTERM)
+        for proc, log in zip(self.procs, self.logs):
+            assert proc.wait(30) == 0, log.read_text(errors="replace")[-3000:]
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            kill(proc)
+
+    def text(self, index: int) -> str:
+        return self.logs[index].read_text(errors="replace")
+
+
+def assert_each_run_once(slots: list[int], allowed_missing: int = 0) -> None:
+    counted = Counter(slots)
+    assert counted, "no run was sent"
+    assert [slot for slot, n in counted.items() if n > 1] == [], "runs sent twice"
+    missing = sorted(set(range(min(counted), max(counted) + 1000, 1000)) - set(counted))
+    assert len(missing) <= allowed_missing, f"runs missed: {missing}"
 
 
 @pytest.mark.timeout(120)
@@ -107,3 +162,113 @@ def test_a_broker_missing_at_start_is_waited_for(
         kill(beat)
         if proxy is not None:
             proxy.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_broker_silent_at_start_is_waited_for(
+    beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    proxy = Proxy()
+    proxy.stall()  # TCP connects; the broker never answers and never closes (a black hole)
+    log = tmp_path / "beat.log"
+    beat = start_beat(dict(beat_env, HISTORY_APP_BACKEND=proxy.url()), log)
+    try:
+        seen = wait_for(log, "runs are not claimed until it answers", beat)
+        proxy.resume()
+        wait_for(log, "won, sent", beat, after=seen)
+        assert beat.poll() is None
+        assert sent_slots(broker_url, f"{prefix}tasks")
+    finally:
+        kill(beat)
+        proxy.close()
+
+
+@pytest.mark.timeout(240)
+def test_beats_reconnect_by_themselves_when_every_connection_is_cut(
+    beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    need_rabbitmqctl()
+    cuts = 3
+    fleet = Fleet(tmp_path, [dict(beat_env, HISTORY_APP_EVERY="1")] * 3)
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent")
+        for _ in range(cuts):
+            time.sleep(3)
+            after = fleet.offsets()
+            close_all_connections()  # as `rabbitmqctl close_all_connections` does to every client
+        fleet.wait_any("won, sent", after=after)  # claiming and sending again after the last cut
+        time.sleep(3)
+        fleet.stop()
+    finally:
+        fleet.kill()
+    # A cut can lose at most the run whose send it interrupts; a claim it interrupts is made again.
+    assert_each_run_once(sent_slots(broker_url, f"{prefix}tasks"), allowed_missing=cuts)
+
+
+@pytest.mark.timeout(400)
+def test_beats_claim_again_after_a_broker_restart(
+    beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    need_rabbitmqctl()
+    fleet = Fleet(tmp_path, [dict(beat_env, HISTORY_APP_EVERY="1")] * 3)
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent")
+        with broker_stopped():  # started again even if this test fails
+            time.sleep(5)  # runs due now cannot be claimed by anyone
+            after = fleet.offsets()
+        fleet.wait_any("won, sent", after=after)
+        time.sleep(3)
+        fleet.stop()
+    finally:
+        fleet.kill()
+    slots = sent_slots(broker_url, f"{prefix}tasks")
+    assert [slot for slot, n in Counter(slots).items() if n > 1] == [], "runs sent twice"
+    outage_lines = [fleet.text(n).count("runs due meanwhile are not claimed") for n in range(3)]
+    assert max(outage_lines) == 1, f"one line per outage, not per attempt: {outage_lines}"
+    for n in range(3):
+        assert "guest:guest@" not in fleet.text(n)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "slot_ttl_ms, lead_ms, max_late_ms, within_bound",
+    [
+        (60_000, 10_000, 5_000, True),  # spread 4 s < slot_ttl_ms - lead_ms - jitter_ms - max_late_ms = 45 s
+        (1_000, 0, 500, False),  # spread 4 s > 0.5 s: the bound is real, a late clock runs slots again
+    ],
+)
+def test_clock_skew_within_the_documented_bound_still_runs_each_slot_once(
+    beat_env: dict[str, str],
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+    slot_ttl_ms: int,
+    lead_ms: int,
+    max_late_ms: int,
+    within_bound: bool,
+) -> None:
+    skews = [2_000, 0, -2_000]  # ms ahead of the true time; the last instance is behind
+    env = dict(
+        beat_env,
+        HISTORY_APP_EVERY="1",
+        HISTORY_APP_SLOT_TTL_MS=str(slot_ttl_ms),
+        HISTORY_APP_LEAD_MS=str(lead_ms),
+        HISTORY_APP_MAX_LATE_MS=str(max_late_ms),
+    )
+    fleet = Fleet(tmp_path, [dict(env, HISTORY_APP_SKEW_MS=str(skew)) for skew in skews], app="tests.skewed_app")
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent")
+        time.sleep(8)
+        fleet.stop()
+    finally:
+        fleet.kill()
+    slots = sent_slots(broker_url, f"{prefix}tasks")
+    if within_bound:
+        assert_each_run_once(slots)
+        # The instance 4 s behind the first really raced for the same runs, and lost them.
+        assert ": lost" in fleet.text(2)
+    else:
+        assert [slot for slot, n in Counter(slots).items() if n > 1], "expected runs sent twice past the bound"

@@ -134,21 +134,25 @@ def test_history_ttl_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "jitter, late, ttl, ok",
+    "lead, jitter, late, ttl, ok",
     [
-        (2_000, 60_000, 300_000, True),
-        (0, 299_999, 300_000, True),
-        (1, 299_999, 300_000, False),
-        (2_000, 60_000, 62_000, False),
-        (2_000, 60_000, 62_001, True),
+        (0, 2_000, 60_000, 300_000, True),
+        (0, 0, 299_999, 300_000, True),
+        (0, 1, 299_999, 300_000, False),
+        (0, 2_000, 60_000, 62_000, False),
+        (0, 2_000, 60_000, 62_001, True),
+        (10_000, 2_000, 60_000, 300_000, True),  # the defaults
+        (10_000, 2_000, 60_000, 72_000, False),  # the lead counts: a gate lives from its first declaration
+        (10_000, 2_000, 60_000, 72_001, True),
     ],
 )
-def test_safety_rule(jitter: int, late: int, ttl: int, ok: bool) -> None:
-    app = make_app(beat_schedule={"j": entry(jitter_ms=jitter, max_late_ms=late)})
+def test_safety_rule(lead: int, jitter: int, late: int, ttl: int, ok: bool) -> None:
+    app = make_app(beat_schedule={"j": entry(jitter_ms=jitter, max_late_ms=late)}, anarchon_lead_ms=lead)
     if ok:
         assert jobs_of(app, slot_ttl_ms=ttl)["j"].max_late_ms == late
     else:
-        with pytest.raises(ConfigError, match=r"job 'j': jitter_ms \+ max_late_ms .* must be shorter than slot_ttl_ms"):
+        rule = r"anarchon_lead_ms \+ jitter_ms \+ max_late_ms" if lead else r"jitter_ms \+ max_late_ms"
+        with pytest.raises(ConfigError, match=rf"job 'j': {rule} .* must be shorter than slot_ttl_ms"):
             jobs_of(app, slot_ttl_ms=ttl)
 
 

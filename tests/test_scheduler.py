@@ -14,6 +14,7 @@ from kombu import Connection, Exchange, Queue
 import anarchon_celery
 from anarchon_celery import ConfigError, MemoryBackend, Scheduler, task_id_for
 from anarchon_celery import clock as clock_module
+from anarchon_celery.backends.rabbitmq import gate_name
 
 pytestmark = pytest.mark.broker
 
@@ -116,17 +117,19 @@ def test_a_late_run_is_skipped_not_caught_up(
 ) -> None:
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "max_late_ms": 2000}}
     scheduler = Scheduler(app)
-    clock.now = T0 + 2001  # the run of slot T0 is found 2001 ms late
+    clock.now = T0 + 2001  # the run of slot T0 is found 2001 ms late; those of T0+1s and T0+2s are not
     scheduler.tick()
     assert "job 'job' slot 1796227200000: found 2001 ms late (max_late_ms 2000); skipped" in caplog.text
     # A long pause: everything more than max_late_ms late is skipped at once, with one line.
     clock.now = T0 + 60_000
     scheduler.tick()
-    assert "runs from slot 1796227202000 up to slot 1796227258000 are more than max_late_ms" in caplog.text
+    assert "job 'job' slot 1796227203000: found 57000 ms late" in caplog.text
+    assert "runs from slot 1796227204000 up to slot 1796227258000 are more than max_late_ms" in caplog.text
     run_until(clock, [scheduler], T0 + 60_500)
     scheduler.close()
     slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks"))
-    assert slots == [T0 + 58_000, T0 + 59_000, T0 + 60_000]  # late, but within max_late_ms
+    # late, but within max_late_ms
+    assert slots == [T0 + 1000, T0 + 2000, T0 + 58_000, T0 + 59_000, T0 + 60_000]
 
 
 def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
@@ -138,6 +141,58 @@ def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     clock.now = T0 + 3600_000 - 1500
     assert scheduler.tick() == pytest.approx(1.5)
     scheduler.close()
+
+
+def test_a_burst_of_runs_due_together_is_sent_once_each(
+    app: Celery, clock: Clock, broker_url: str, prefix: str
+) -> None:
+    app.conf.beat_schedule = {
+        f"job-{n:03d}": {"task": "tasks.work", "schedule": "0 * * * *", "jitter_ms": 0, "args": (n,)}
+        for n in range(300)
+    }
+    app.conf.anarchon_history_size = 1
+    schedulers = [Scheduler(app), Scheduler(app)]
+    schedulers[0].batch_size = 128  # several batches in one wake-up
+    clock.now = T0 - 10_000
+    for scheduler in schedulers:
+        scheduler.tick()  # gates declared ahead
+    clock.now = T0
+    for scheduler in schedulers:
+        scheduler.tick()
+        scheduler.close()
+    messages = sent(broker_url, f"{prefix}tasks")
+    assert sorted(m.headers["anarchon_job"] for m in messages) == [f"job-{n:03d}" for n in range(300)]
+    assert {m.headers["anarchon_slot"] for m in messages} == {T0}
+    assert all(m.headers["id"] == task_id_for(prefix, m.headers["anarchon_job"], T0) for m in messages)
+    history = anarchon_celery.history(app, "job-123")
+    assert [(run.slot, run.status) for run in history] == [(T0, "sent")]
+
+
+def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    app.conf.anarchon_lead_ms = 10_000
+    app.conf.beat_schedule = {"minute": {"task": "tasks.work", "schedule": 60.0, "jitter_ms": 0}}
+    clock.now = T0 + 1
+    scheduler = Scheduler(app)
+    gate = gate_name(prefix, "minute", T0 + 60_000)
+    clock.now = T0 + 49_000
+    assert scheduler.tick() == pytest.approx(1.0)  # wakes up for the gate, 10 s before the run
+    assert not gate_exists(broker_url, gate)
+    clock.now = T0 + 50_000
+    assert scheduler.tick() == pytest.approx(10.0)  # declared; next: the claim
+    assert gate_exists(broker_url, gate)
+    clock.now = T0 + 60_000
+    scheduler.tick()
+    scheduler.close()
+    assert [m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")] == [T0 + 60_000]
+
+
+def gate_exists(broker_url: str, name: str) -> bool:
+    with Connection(broker_url) as conn:
+        try:
+            conn.channel().queue_declare(name, passive=True)
+            return True
+        except Exception:  # noqa: BLE001 - 404: no such queue
+            return False
 
 
 def test_a_refused_send_is_logged_with_job_and_slot(

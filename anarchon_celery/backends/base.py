@@ -94,6 +94,12 @@ class Backend(abc.ABC):
         backend can take them in one round trip.
         """
 
+    def prepare(self, claims: Sequence[Claim]) -> None:
+        """Get ready for claims to come shortly (within the scheduler's ``lead_ms``), so that
+        :meth:`claim` has less to do when they are due. Best effort: never raises for broker
+        trouble, and a claim works whether or not it was prepared."""
+        return None
+
     def maintain(self) -> None:
         """Keep idle connections healthy (heartbeats). Called at every wake-up; cheap."""
         return None
@@ -109,6 +115,11 @@ class Backend(abc.ABC):
         """Append one encoded history event (see :mod:`anarchon_celery.history`) to the job's
         history, which keeps about ``history_size`` runs. Best effort: returns False, after
         logging why, when it could not be written; never raises for broker trouble."""
+
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        """:meth:`record` for several ``(job, event, history_size)`` at once, which a backend may
+        write in one round trip; returns how many were written. Best effort, as :meth:`record`."""
+        return sum(self.record(job, event, size) for job, event, size in events)
 
     def ensure_history(self, job: str, history_size: int) -> bool:
         """Make the job's history ready ahead of its first event (at start); best effort."""

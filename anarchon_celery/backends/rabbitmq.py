@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import amqp
+from amqp import spec
 from kombu import Connection
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
@@ -228,6 +229,9 @@ class RabbitMQBackend(Backend):
         self._confirms: _Confirms | None = None
         self._recorder: amqp.Channel | None = None
         self._streams: set[str] = set()  # history streams declared on the current connection
+        # Gates declared ahead of their claim by prepare(), with when: they live on the broker
+        # (durable, slot_ttl_ms from that declaration), whatever happens to the connection.
+        self._ready: dict[str, float] = {}
         self._opened = False
         self._outage_since: float | None = None
 
@@ -247,13 +251,19 @@ class RabbitMQBackend(Backend):
             return
         try:
             self.connection.ensure_connection(max_retries=3, interval_start=0.5, interval_step=1)
-            raw = self.connection.connection
         except self._errors() as exc:
-            raise BrokerUnavailable(
-                f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
-                "running and that anarchon_backend (or broker_url) points at it"
-            ) from exc
-        self.server_version = check_server(raw.server_properties or {}, self.connection.as_uri())
+            raise self._unreachable(exc) from exc
+        self._check_server()
+
+    def _unreachable(self, exc: BaseException) -> BrokerUnavailable:
+        return BrokerUnavailable(
+            f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
+            "running and that anarchon_backend (or broker_url) points at it"
+        )
+
+    def _check_server(self) -> None:
+        properties = self.connection.connection.server_properties or {}
+        self.server_version = check_server(properties, self.connection.as_uri())
         self._opened = True
 
     def close(self) -> None:
@@ -267,6 +277,7 @@ class RabbitMQBackend(Backend):
         self._confirms = None
         self._recorder = None
         self._streams.clear()
+        self._ready.clear()
 
     def describe(self) -> str:
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
@@ -289,6 +300,35 @@ class RabbitMQBackend(Backend):
             self._discard(connection_lost=True)
 
     # -- the claim ----------------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[Claim]) -> None:
+        """Declare the gates of runs due shortly, all at once, so that their claims are only a
+        publish. A gate counts its ``x-expires`` from this declaration: the scheduler's lead
+        is part of the safety rule. Best effort: a gate not made here is declared by its claim."""
+        if not claims:
+            return
+        now = time.monotonic()
+        for gate in [g for g, at in self._ready.items() if now - at > self.slot_ttl_ms / 1000]:
+            del self._ready[gate]  # a run that was never claimed (skipped, or the instance stopping)
+        named = dict.fromkeys(gate_name(self.prefix, claim.job, claim.slot) for claim in claims)
+        gates = [gate for gate in named if gate not in self._ready]
+        if not gates:
+            return
+        try:
+            self._connect(self.confirm_timeout)
+            usable = self._declare_gates(gates)
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            logger.info(
+                "anarchon: %d gate(s) not declared ahead (%s: %s); their claims declare them",
+                len(gates),
+                type(exc).__name__,
+                exc,
+            )
+            return
+        for gate, ok in zip(gates, usable):
+            if ok:
+                self._ready[gate] = now
 
     def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
         """Claim runs; see :meth:`Backend.claim`.
@@ -323,7 +363,12 @@ class RabbitMQBackend(Backend):
             left = _seconds_until(just_claims)
             try:
                 raw = self._connect(left)
-                usable = [self._declare_gate(gate) for _, gate in claims]
+                # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
+                undeclared = [gate for _, gate in claims if gate not in self._ready]
+                declared = dict(zip(undeclared, self._declare_gates(undeclared)))
+                usable = [declared.get(gate, True) for _, gate in claims]
+                for _, gate in claims:
+                    self._ready.pop(gate, None)
                 break
             except self._errors() as exc:
                 self._discard(connection_lost=True)
@@ -461,6 +506,55 @@ class RabbitMQBackend(Backend):
                 time.sleep(0.2 * attempt)
         return False
 
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        """See :meth:`Backend.record_many`: the events are written one after the other on a
+        confirm channel and their confirms read afterwards. Any left unconfirmed are written
+        again one by one (an event written twice is folded once)."""
+        if len(events) < 2:
+            return super().record_many(events)
+        unconfirmed = list(range(len(events)))
+        try:
+            self._connect(self.confirm_timeout)
+            for job, _, history_size in events:
+                name = history_name(self.prefix, job)
+                if name not in self._streams:
+                    self._declare_history(name, history_size)
+                    self._streams.add(name)
+            channel = self.connection.connection.channel()
+            channel.confirm_select()
+            pending = set(range(1, len(events) + 1))  # delivery tag n + 1: event n
+            nacked: set[int] = set()
+
+            def settle(tag: int, multiple: bool, acked: bool) -> None:
+                for t in [t for t in pending if t <= tag] if multiple else [tag]:
+                    pending.discard(t)
+                    if not acked:
+                        nacked.add(t)
+
+            channel.events["basic_ack"].add(lambda tag, multiple: settle(tag, multiple, True))
+            channel.events["basic_nack"].add(lambda tag, multiple: settle(tag, multiple, False))
+            for job, event, _ in events:
+                message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+                amqp.Channel._basic_publish(channel, message, exchange="", routing_key=history_name(self.prefix, job))
+            deadline = time.monotonic() + self.confirm_timeout
+            while pending and time.monotonic() < deadline:
+                self.connection.connection.drain_events(timeout=max(0.01, deadline - time.monotonic()))
+            unconfirmed = sorted(t - 1 for t in pending | nacked)
+            if pending:
+                raise TimeoutError(f"no confirm within {self.confirm_timeout}s")
+            channel.close()
+        except BrokerError:
+            pass  # a queue that is no history stream: record() below says so, job by job
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            logger.info(
+                "anarchon: %d history event(s) written again one by one (%s: %s)",
+                len(unconfirmed),
+                type(exc).__name__,
+                exc,
+            )
+        return len(events) - len(unconfirmed) + sum(self.record(*events[n]) for n in unconfirmed)
+
     def ensure_history(self, job: str, history_size: int) -> bool:
         name = history_name(self.prefix, job)
         try:
@@ -510,6 +604,8 @@ class RabbitMQBackend(Backend):
                 except TimeoutError:
                     break
             channel.close()
+        except BrokerUnavailable:
+            raise
         except self._errors() as exc:
             self._discard(connection_lost=True)
             raise BrokerError(f"cannot read history from {self.connection.as_uri()}: {exc}") from exc
@@ -549,6 +645,34 @@ class RabbitMQBackend(Backend):
             ) from exc
 
     # -- gates --------------------------------------------------------------------------------
+
+    def _declare_gates(self, gates: list[str]) -> list[bool]:
+        """Declare gates pipelined: every declare is written, then the answers are read in order
+        (the broker answers a channel's methods in order). A gate the broker objects to closes the
+        channel and, with it, the declares written after it: that one goes through
+        :meth:`_declare_gate` (adoption, or refusal), and the rest are written again."""
+        arguments = gate_arguments(self.slot_ttl_ms)
+        usable: dict[str, bool] = {}
+        todo = list(gates)
+        while todo:
+            channel = self._declare_channel()
+            for gate in todo:
+                # queue.declare's fields: ticket, queue, passive, durable, exclusive, auto_delete,
+                # nowait, arguments. Not nowait: a declare with nowait does not renew x-expires.
+                fields = (0, gate, False, True, False, False, False, arguments)
+                channel.send_method(spec.Queue.Declare, "BsbbbbbF", fields)
+            answered = 0
+            try:
+                for gate in todo:
+                    channel.wait(spec.Queue.DeclareOk, timeout=self.confirm_timeout)
+                    usable[gate] = True
+                    answered += 1
+                todo = []
+            except amqp.exceptions.ChannelError:
+                self._declarer = None  # closed by the broker, with every declare written after
+                usable[todo[answered]] = self._declare_gate(todo[answered])
+                todo = todo[answered + 1 :]
+        return [usable[gate] for gate in gates]
 
     def _declare_gate(self, gate: str) -> bool:
         """Declare a gate; False when it cannot serve as one.
@@ -641,15 +765,22 @@ class RabbitMQBackend(Backend):
         )
 
     def _connect(self, timeout: float | None) -> amqp.Connection:
+        """The live connection, (re)connecting for at most about ``timeout`` seconds (plus one
+        ``connect_timeout``); a broker that was not there at :meth:`open` is checked now."""
+        try:
+            self.connection.ensure_connection(
+                max_retries=None if timeout else 1,
+                interval_start=0.2,
+                interval_step=0.5,
+                interval_max=2,
+                timeout=max(0.5, timeout) if timeout else None,
+            )
+        except self._errors() as exc:
+            if not self._opened and not isinstance(exc, BrokerUnavailable):
+                raise self._unreachable(exc) from exc  # never reached yet: say where, and what to check
+            raise
         if not self._opened:
-            self.open()
-        self.connection.ensure_connection(
-            max_retries=None if timeout else 1,
-            interval_start=0.2,
-            interval_step=0.5,
-            interval_max=2,
-            timeout=max(0.5, timeout) if timeout else None,
-        )
+            self._check_server()
         return self.connection.connection
 
     def _discard(self, *, connection_lost: bool) -> None:
