@@ -133,17 +133,19 @@ class Scheduler(beat.Scheduler):
         self._keep_alive()
         sent: list[tuple[Outgoing, int]] = []
         # Every run due now, in batches; a stop signal waits for the batch in progress only.
-        while self._queue and self._queue[0].due_ms <= clock.now_ms() and self._stop_requested is None:
-            now = clock.now_ms()
-            due: list[_Due] = []
-            while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
-                due.append(heapq.heappop(self._queue))
-            self._busy = True
-            try:
+        self._busy = True
+        try:
+            while self._queue and self._queue[0].due_ms <= clock.now_ms() and self._stop_requested is None:
+                now = clock.now_ms()
+                due: list[_Due] = []
+                while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
+                    due.append(heapq.heappop(self._queue))
                 sent += self._run(due)
+        finally:
+            try:
+                self._record(sent)  # after every claim and send due now: history never delays a run
             finally:
                 self._busy = False
-        self._record(sent)  # after every claim and send due now: history never delays a run
         if self._stop_requested is not None:
             handler, signum, frame = self._stop_requested
             self._stop_requested = None

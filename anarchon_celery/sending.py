@@ -18,8 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from amqp import spec
 from amqp.exceptions import MessageNacked
-from kombu.exceptions import EncodeError
+from kombu.exceptions import OperationalError
 
 from . import clock
 from .jobs import Job
@@ -131,6 +132,7 @@ class TaskSender:
             confirms = _TaskConfirms()
             channel.events["basic_ack"].add(confirms.on_ack)
             channel.events["basic_nack"].add(confirms.on_nack)
+            _count_publishes(channel, confirms)
             self._channel, self._confirms = channel, confirms
         return self._channel, self._confirms
 
@@ -140,9 +142,9 @@ class TaskSender:
         """Write the runs' tasks, then read their confirms. Returns the runs the broker refused
         and the runs not written (both certainly not queued)."""
         connection = self.connection
-        written: list[int] = []
         failure: BaseException | None = None
         confirms = None
+        eager = bool(self.app.conf.task_always_eager)
         try:
             channel, confirms = self._open_channel()
             producer = self.app.amqp.Producer(channel, auto_declare=False)
@@ -150,20 +152,22 @@ class TaskSender:
                 run = runs[i]
                 options = dict(run.job.options)
                 options["headers"] = run_headers(run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger)
-                confirms.expect(i)  # counted before the write: a write that fails half-way uses a tag
-                written.append(i)
+                confirms.runs[run.task_id] = i
                 try:
                     task = self.app.tasks[run.job.task]
                     options.update(task_id=run.task_id, producer=producer, retry=False)
                     task.apply_async(run.job.args, dict(run.job.kwargs), **options)
-                except connection.connection_errors:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - refused before writing (routing, encoding)
-                    if not _before_writing(exc):
-                        raise
-                    confirms.forget()
-                    written.pop()
-                    results[i] = exc
+                except (*connection.connection_errors, *connection.channel_errors, OperationalError):
+                    raise  # the connection or the channel failed (kombu wraps some as OperationalError)
+                except Exception as exc:  # noqa: BLE001 - e.g. arguments that cannot be encoded
+                    if confirms.wrote(i):
+                        raise  # after its message was written: the channel's state is unknown
+                    results[i] = exc  # refused before writing: nothing to wait for
+                    continue
+                if not confirms.wrote(i):
+                    # apply_async returned without publishing: run here (task_always_eager), or
+                    # a task class that does not publish with the id it was given.
+                    results[i] = None if eager else RuntimeError(f"task {run.task_id} was not published")
             deadline = time.monotonic() + CONFIRM_TIMEOUT
             while confirms.waiting:
                 left = deadline - time.monotonic()
@@ -174,46 +178,75 @@ class TaskSender:
             failure = exc
             self.close()
             connection.collect()
-        answers = confirms.answers if confirms is not None else {}
         refused = []
-        for i in written:
-            answer = answers.pop(i, None)
+        for i in todo:
+            if i in results or confirms is None or not confirms.wrote(i):
+                continue
+            answer = confirms.answers.get(i)
             if answer is True:
                 results[i] = None
             elif answer is False:
                 refused.append(i)  # nothing was queued: safe to send again
             else:  # written, its fate unknown: never sent twice
                 results[i] = failure or TimeoutError("no confirm")
+        if confirms is not None:
+            confirms.clear()
         unwritten = [i for i in todo if i not in results and i not in refused]
         return refused, unwritten
 
 
-def _before_writing(exc: BaseException) -> bool:
-    """Whether an error from ``apply_async`` certainly came before the message was written:
-    the arguments could not be encoded, or the options are wrong."""
-    return isinstance(exc, (EncodeError, KeyError, TypeError, ValueError))
+def _count_publishes(channel: Any, confirms: _TaskConfirms) -> None:
+    """Give every message written on ``channel`` its delivery tag, as the broker does.
+
+    Counted at the frame write, not per task: ``apply_async`` may publish more than the task
+    (a ``task-sent`` event with ``task_send_sent_event``), and py-amqp's ``basic_publish`` may
+    fail on a pending channel error before writing anything, which must not take a tag.
+    """
+    send_method = channel.send_method
+
+    def counted(sig: Any, format: Any = None, args: Any = None, content: Any = None, *rest: Any, **kw: Any) -> Any:
+        if sig == spec.Basic.Publish:
+            confirms.writing(content)  # before the write: one that fails half-way took a tag
+        return send_method(sig, format, args, content, *rest, **kw)
+
+    channel.send_method = counted
 
 
 class _TaskConfirms:
-    """Delivery tags of the task messages written on one confirm channel, and their answers."""
+    """Delivery tags of the messages written on one confirm channel, and the answers for the
+    runs' tasks among them."""
 
     def __init__(self) -> None:
         self.next_tag = 1
-        self.tags: dict[int, int] = {}  # delivery tag -> run index
+        self.runs: dict[str, int] = {}  # task id -> run index, for the runs being sent
+        self.tags: dict[int, int | None] = {}  # unanswered delivery tag -> run index (None: not a run's task)
+        self.written: dict[int, int] = {}  # run index -> its message's delivery tag
         self.answers: dict[int, bool] = {}  # run index -> acked (True) or nacked (False)
 
     @property
     def waiting(self) -> bool:
-        return bool(self.tags)
+        return any(run is not None for run in self.tags.values())
 
-    def expect(self, run: int) -> None:
+    def writing(self, message: Any) -> None:
+        properties = getattr(message, "properties", None) or {}
+        task_id = (properties.get("application_headers") or {}).get("id") or properties.get("correlation_id")
+        run = self.runs.get(task_id) if isinstance(task_id, str) else None
+        if run is not None and run in self.written:
+            run = None  # a second message with the same id: the run's answer is its first
         self.tags[self.next_tag] = run
+        if run is not None:
+            self.written[run] = self.next_tag
         self.next_tag += 1
 
-    def forget(self) -> None:
-        """The last expected run was not written after all: its tag is free again."""
-        self.next_tag -= 1
-        del self.tags[self.next_tag]
+    def wrote(self, run: int) -> bool:
+        return run in self.written
+
+    def clear(self) -> None:
+        """Forget the runs of the last send (their tags keep counting)."""
+        self.runs.clear()
+        self.written.clear()
+        self.answers.clear()
+        self.tags = {tag: None for tag in self.tags}
 
     def on_ack(self, tag: int, multiple: bool) -> None:
         self._settle(tag, multiple, True)

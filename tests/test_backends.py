@@ -297,6 +297,34 @@ def test_prepare_is_best_effort(proxy: Proxy, prefix: str) -> None:
     backend.close()
 
 
+def test_a_claim_past_its_deadline_does_not_even_declare_its_gate(broker_url: str, prefix: str) -> None:
+    backend = rabbit(broker_url, prefix)
+    assert backend.claim([Claim("j", 1, deadline_ms=clock.now_ms() - 1)], "me") == [Outcome.UNDECIDED]
+    backend.close()
+    with Connection(broker_url) as conn, pytest.raises(Exception, match="NOT_FOUND"):
+        conn.default_channel.queue_declare(gate_name(prefix, "j", 1), passive=True)
+
+
+def test_history_is_given_up_at_once_when_rabbitmq_goes_away(proxy: Proxy, prefix: str) -> None:
+    class Counting(RabbitMQBackend):
+        one_by_one = 0
+
+        def record(self, *args: Any) -> bool:
+            self.one_by_one += 1
+            return super().record(*args)
+
+    backend = Counting(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    backend.open()
+    assert backend.ensure_history("job", 10)
+    proxy.close()  # every connection cut, and no new one accepted
+    events = [("job", _sent(f"r{n:02d}", 1000 + n), 10) for n in range(40)]
+    assert backend.record_many(events) == 0
+    # The batch failed on the lost connection; of the forty events written again one by one, the
+    # first failure stops the rest (each would retry for seconds while the next claims wait).
+    assert backend.one_by_one == 1
+    backend.close()
+
+
 def test_a_callers_confirm_publish_connection_is_used_as_well(broker_url: str, prefix: str) -> None:
     with Connection(broker_url, transport_options={"confirm_publish": True}) as theirs:
         backend = RabbitMQBackend(connection=theirs, prefix=prefix, slot_ttl_ms=60_000)

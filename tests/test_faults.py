@@ -225,7 +225,7 @@ def test_beats_claim_again_after_a_broker_restart(
         fleet.kill()
     slots = sent_slots(broker_url, f"{prefix}tasks")
     assert [slot for slot, n in Counter(slots).items() if n > 1] == [], "runs sent twice"
-    outage_lines = [fleet.text(n).count("runs due meanwhile are not claimed") for n in range(3)]
+    outage_lines = [fleet.text(n).count("is unavailable (") for n in range(3)]
     assert max(outage_lines) == 1, f"one line per outage, not per attempt: {outage_lines}"
     for n in range(3):
         assert "guest:guest@" not in fleet.text(n)

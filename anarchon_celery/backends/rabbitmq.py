@@ -15,9 +15,12 @@ quorum queues overshoot ``x-max-length`` under reject-publish (several winners).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -305,8 +308,8 @@ class RabbitMQBackend(Backend):
         """Declare the gates of runs due shortly, all at once, so that their claims are only a
         publish. A gate counts its ``x-expires`` from this declaration: the scheduler's lead
         is part of the safety rule. Best effort: a gate not made here is declared by its claim."""
-        if not claims:
-            return
+        if not claims or self._outage_since is not None:
+            return  # while RabbitMQ is away, the claims alone try to reach it (bounded by deadlines)
         now = time.monotonic()
         for gate in [g for g, at in self._ready.items() if now - at > self.slot_ttl_ms / 1000]:
             del self._ready[gate]  # a run that was never claimed (skipped, or the instance stopping)
@@ -355,6 +358,9 @@ class RabbitMQBackend(Backend):
         self, claims: list[tuple[Claim, str]], instance: str, outcomes: dict[str, Outcome], *, last: bool
     ) -> set[str]:
         """One round of :meth:`claim`; returns the gates whose claim may be made again."""
+        claims = self._within_deadline(claims, outcomes, "before connecting")
+        if not claims:
+            return set()
         just_claims = [claim for claim, _ in claims]
         # Nothing is published before the gates are declared, so this part is safe to repeat: a
         # connection found dead (the broker restarted, or dropped it while we slept) is replaced
@@ -386,26 +392,38 @@ class RabbitMQBackend(Backend):
                 logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
         self._recovered()
 
-        to_publish = []
-        now = clock.now_ms()
+        gated = []
         for (claim, gate), ok in zip(claims, usable):
-            if not ok:
-                outcomes[gate] = Outcome.BAD_GATE
-            elif claim.deadline_ms is not None and now > claim.deadline_ms:
-                # Publishing now could land after the winner's gate expired: never.
-                logger.warning(
-                    "anarchon: job %r slot %d: past its deadline by %d ms when the claim was ready; "
-                    "not run by this instance",
-                    claim.job,
-                    claim.slot,
-                    now - claim.deadline_ms,
-                )
-                outcomes[gate] = Outcome.UNDECIDED
+            if ok:
+                gated.append((claim, gate))
             else:
-                to_publish.append((claim, gate))
+                outcomes[gate] = Outcome.BAD_GATE
+        to_publish = self._within_deadline(gated, outcomes, "when the claim was ready")
         if not to_publish:
             return set()
         return self._publish(raw, to_publish, instance, outcomes, last=last)
+
+    @staticmethod
+    def _within_deadline(
+        claims: list[tuple[Claim, str]], outcomes: dict[str, Outcome], when: str
+    ) -> list[tuple[Claim, str]]:
+        """The claims still before their deadline; the others are given up (UNDECIDED), since a
+        claim published after it could land once the winner's gate has expired."""
+        now = clock.now_ms()
+        kept = []
+        for claim, gate in claims:
+            if claim.deadline_ms is not None and now > claim.deadline_ms:
+                logger.warning(
+                    "anarchon: job %r slot %d: past its deadline by %d ms %s; not run by this instance",
+                    claim.job,
+                    claim.slot,
+                    now - claim.deadline_ms,
+                    when,
+                )
+                outcomes[gate] = Outcome.UNDECIDED
+            else:
+                kept.append((claim, gate))
+        return kept
 
     def _publish(
         self,
@@ -513,6 +531,7 @@ class RabbitMQBackend(Backend):
         if len(events) < 2:
             return super().record_many(events)
         unconfirmed = list(range(len(events)))
+        connection_failed = False
         try:
             self._connect(self.confirm_timeout)
             for job, _, history_size in events:
@@ -547,13 +566,26 @@ class RabbitMQBackend(Backend):
             pass  # a queue that is no history stream: record() below says so, job by job
         except self._errors() as exc:
             self._discard(connection_lost=True)
+            connection_failed = True
             logger.info(
                 "anarchon: %d history event(s) written again one by one (%s: %s)",
                 len(unconfirmed),
                 type(exc).__name__,
                 exc,
             )
-        return len(events) - len(unconfirmed) + sum(self.record(*events[n]) for n in unconfirmed)
+        recorded = len(events) - len(unconfirmed)
+        for done, n in enumerate(unconfirmed):
+            if self.record(*events[n]):
+                recorded += 1
+            elif connection_failed:
+                # RabbitMQ is not answering: one event at a time, each with its retries, would hold
+                # up the next claims for as long as the outage lasts.
+                logger.warning(
+                    "anarchon: %d history event(s) not recorded, RabbitMQ is unavailable",
+                    len(unconfirmed) - done - 1,
+                )
+                break
+        return recorded
 
     def ensure_history(self, job: str, history_size: int) -> bool:
         name = history_name(self.prefix, job)
@@ -769,6 +801,7 @@ class RabbitMQBackend(Backend):
         ``connect_timeout``); a broker that was not there at :meth:`open` is checked now."""
         try:
             self.connection.ensure_connection(
+                errback=lambda exc, interval: self._outage(exc),  # logged once per outage, not per attempt
                 max_retries=None if timeout else 1,
                 interval_start=0.2,
                 interval_step=0.5,
@@ -781,6 +814,7 @@ class RabbitMQBackend(Backend):
             raise
         if not self._opened:
             self._check_server()
+        self._recovered()
         return self.connection.connection
 
     def _discard(self, *, connection_lost: bool) -> None:
@@ -792,13 +826,15 @@ class RabbitMQBackend(Backend):
         self._recorder = None
         self._streams.clear()
         if self._owned or connection_lost:
+            _abort(self.connection)
             self.connection.collect()
 
     def _outage(self, exc: BaseException) -> None:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.warning(
-                "anarchon: RabbitMQ at %s is unavailable (%s: %s); runs due meanwhile are not claimed",
+                "anarchon: RabbitMQ at %s is unavailable (%s: %s); reconnecting. Runs due meanwhile are "
+                "claimed once it answers, if still within their max_late_ms",
                 self.connection.as_uri(),
                 type(exc).__name__,
                 exc,
@@ -818,3 +854,17 @@ def _seconds_until(claims: Sequence[Claim]) -> float | None:
     """Seconds left before the earliest deadline of the claims (None: no deadline)."""
     deadlines = [c.deadline_ms for c in claims if c.deadline_ms is not None]
     return (min(deadlines) - clock.now_ms()) / 1000 if deadlines else None
+
+
+def _abort(connection: Connection) -> None:
+    """Make the coming close of ``connection`` drop what the kernel has not delivered yet.
+
+    A plain close sends the socket's buffered data first: a claim stuck there (the broker silent,
+    the network stalled) could then reach its gate long after its deadline, even after the gate
+    expired. A reset instead (SO_LINGER 0) discards it.
+    """
+    raw = connection._connection  # not .connection, which would connect
+    sock = getattr(getattr(raw, "transport", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
