@@ -38,21 +38,29 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Queue names straight from the broker's metadata: `rabbitmqctl list_queues` asks every queue
+# process for its name, and leaves out those too busy to answer (many just made at once).
+_QUEUE_NAMES = '[io:format("~s~n", [N]) || {resource, _, queue, N} <- rabbit_amqqueue:list_names()], ok.'
+
+
+def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+    )
+
+
 def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
     """Delete every queue and exchange whose name starts with ``prefix``; return how many."""
     from kombu import Connection
 
-    names = {}
-    for kind in ("queues", "exchanges"):
-        listing = subprocess.run(
-            ["rabbitmqctl", "-q", f"list_{kind}", "--no-table-headers", "name"],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-            check=False,
-        )
-        names[kind] = [n for n in listing.stdout.split() if n.startswith(prefix)]
+    queues = _rabbitmqctl("eval", _QUEUE_NAMES)
+    if queues.returncode != 0:
+        queues = _rabbitmqctl("list_queues", "--no-table-headers", "name")
+    exchanges = _rabbitmqctl("list_exchanges", "--no-table-headers", "name")
+    names = {
+        kind: sorted({n for n in listing.stdout.split() if n.startswith(prefix)})
+        for kind, listing in (("queues", queues), ("exchanges", exchanges))
+    }
     with Connection(broker) as conn:
         channel = conn.default_channel
         for queue in names["queues"]:
