@@ -87,13 +87,13 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
     """Every job: schedule, time zone, next run, last run and its status."""
     deployment = configure(_app(ctx))
     try:
-        events = deployment.backend.read_history(sorted(deployment.jobs))
+        events = deployment.backend.read_history(sorted(n for n, j in deployment.jobs.items() if j.history_size))
     finally:
         deployment.release()
     now = clock.now_ms()
     data, rows = [], []
     for name, job in sorted(deployment.jobs.items()):
-        last = fold(events[name], 1)
+        last = fold(events.get(name, []), 1)
         next_slot = job.next_slot(now)
         entry = {
             "job": name,

@@ -52,11 +52,13 @@ def configure(app: Any) -> Deployment:
 
 def history(app: Any, job: str, limit: int | None = None, *, deployment: Deployment | None = None) -> list[Run]:
     """The job's recent runs, newest first: at most ``limit``, never more than its
-    ``history_size``."""
+    ``history_size`` (none for a job with ``history_size`` 0, which keeps no history)."""
     own = deployment is None
     deployment = deployment or configure(app)
     try:
         spec = deployment.job(job)
+        if not spec.history_size:
+            return []
         events = deployment.backend.read_history([job])[job]
     finally:
         if own:
@@ -83,8 +85,8 @@ class ManualRun:
 def run_now(app: Any, job: str) -> ManualRun:
     """Send the job's task now, outside its schedule, as a run with trigger ``manual``.
 
-    It gets its own run and task id, is recorded in the job's history like any other run, and
-    involves no claim: each call sends once.
+    It gets its own run and task id, is recorded in the job's history like any other run (unless
+    its ``history_size`` is 0), and involves no claim: each call sends once.
     """
     deployment = configure(app)
     spec = deployment.job(job)
@@ -104,21 +106,22 @@ def run_now(app: Any, job: str) -> ManualRun:
             trigger="manual",
             deadline_ms=now + spec.max_late_ms,
         )
-        backend.record(
-            spec.name,
-            encode_event(
-                "sent",
-                run=run_id,
-                job=spec.name,
-                at_ms=now,
-                slot=now,
-                task_id=run_id,
-                task=spec.task,
-                instance=instance_id(),
-                trigger="manual",
-            ),
-            spec.history_size,
-        )
+        if spec.history_size:
+            backend.record(
+                spec.name,
+                encode_event(
+                    "sent",
+                    run=run_id,
+                    job=spec.name,
+                    at_ms=now,
+                    slot=now,
+                    task_id=run_id,
+                    task=spec.task,
+                    instance=instance_id(),
+                    trigger="manual",
+                ),
+                spec.history_size,
+            )
     finally:
         connection.release()
         deployment.release()

@@ -148,7 +148,7 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
         options=dict(options),
         jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms"), 0),
         max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms"), 1),
-        history_size=_check_int(name, "history_size", setting("history_size"), 1),
+        history_size=_check_int(name, "history_size", setting("history_size"), 0),
     )
 
 

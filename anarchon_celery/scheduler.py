@@ -83,7 +83,7 @@ class Scheduler(beat.Scheduler):
         self._queue = []
         self._prepares = []
         for job in self.jobs.values():
-            if reachable:
+            if reachable and job.history_size:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
         self._defer_stop_signals()
@@ -258,6 +258,8 @@ class Scheduler(beat.Scheduler):
         assert self.backend is not None
         events = []
         for run, at_ms in sent:
+            if not run.job.history_size:
+                continue  # the job keeps no history
             event = encode_event(
                 "sent",
                 run=run.run_id,

@@ -90,6 +90,7 @@ class TaskSender:
         """One entry per run, in order: None once the broker confirmed its message, else the
         error that stopped it (a run that could not be sent by its deadline gets the last one)."""
         results: dict[int, BaseException | None] = {}
+        strikes: dict[int, int] = {}  # channel errors each run met before its message was written
         todo = list(range(len(runs)))
         # Deadlines on the monotonic clock: a wall clock that jumps cannot stretch the retries.
         start, now_ms = time.monotonic(), clock.now_ms()
@@ -104,17 +105,17 @@ class TaskSender:
             except Exception as exc:  # noqa: BLE001 - whatever stops the connection fails these runs
                 results.update((i, exc) for i in todo)
                 break
-            refused, unwritten = self._send_once(runs, todo, results)
+            refused, unwritten, failure = self._send_once(runs, todo, results, strikes)
             now = time.monotonic()
             todo = [i for i in unwritten if now <= until[i]]
             again = [i for i in refused if now + NACK_BACKOFF <= until[i]]
-            if again:
+            if again or (todo and failure is not None):
                 todo += again
-                time.sleep(NACK_BACKOFF)
+                time.sleep(NACK_BACKOFF)  # not a tight loop of reconnections
             for i in refused:
                 results.setdefault(i, MessageNacked(f"task {runs[i].task_id} refused by the broker"))
             for i in unwritten:
-                results.setdefault(i, TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
+                results.setdefault(i, failure or TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
             for i in todo:
                 results.pop(i, None)
         return [results.get(i) for i in range(len(runs))]
@@ -137,10 +138,14 @@ class TaskSender:
         return self._channel, self._confirms
 
     def _send_once(
-        self, runs: Sequence[Outgoing], todo: list[int], results: dict[int, BaseException | None]
-    ) -> tuple[list[int], list[int]]:
+        self,
+        runs: Sequence[Outgoing],
+        todo: list[int],
+        results: dict[int, BaseException | None],
+        strikes: dict[int, int],
+    ) -> tuple[list[int], list[int], BaseException | None]:
         """Write the runs' tasks, then read their confirms. Returns the runs the broker refused
-        and the runs not written (both certainly not queued)."""
+        and the runs not written (both certainly not queued), and the error that stopped it."""
         connection = self.connection
         failure: BaseException | None = None
         confirms = None
@@ -157,13 +162,22 @@ class TaskSender:
                     task = self.app.tasks[run.job.task]
                     options.update(task_id=run.task_id, producer=producer, retry=False)
                     task.apply_async(run.job.args, dict(run.job.kwargs), **options)
-                except (*connection.connection_errors, *connection.channel_errors, OperationalError):
-                    raise  # the connection or the channel failed (kombu wraps some as OperationalError)
-                except Exception as exc:  # noqa: BLE001 - e.g. arguments that cannot be encoded
+                except Exception as exc:  # noqa: BLE001 - sorted out below
                     if confirms.wrote(i):
                         raise  # after its message was written: the channel's state is unknown
-                    results[i] = exc  # refused before writing: nothing to wait for
-                    continue
+                    broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
+                    if not isinstance(exc, broken):
+                        results[i] = exc  # refused before writing (arguments that cannot be encoded...)
+                        continue
+                    # The connection or the channel failed (kombu wraps some as OperationalError).
+                    if isinstance(exc, tuple(connection.channel_errors)):
+                        # Before the write: maybe this run's own doing (Celery declares its queue,
+                        # which the broker may refuse), maybe a message written earlier. Twice in a
+                        # row: this run's, and it is not tried again.
+                        strikes[i] = strikes.get(i, 0) + 1
+                        if strikes[i] >= 2:
+                            results[i] = exc
+                    raise
                 if not confirms.wrote(i):
                     # apply_async returned without publishing: run here (task_always_eager), or
                     # a task class that does not publish with the id it was given.
@@ -179,20 +193,22 @@ class TaskSender:
             self.close()
             connection.collect()
         refused = []
-        for i in todo:
-            if i in results or confirms is None or not confirms.wrote(i):
-                continue
-            answer = confirms.answers.get(i)
-            if answer is True:
-                results[i] = None
-            elif answer is False:
-                refused.append(i)  # nothing was queued: safe to send again
-            else:  # written, its fate unknown: never sent twice
-                results[i] = failure or TimeoutError("no confirm")
-        if confirms is not None:
-            confirms.clear()
+        try:
+            for i in todo:
+                if i in results or confirms is None or not confirms.wrote(i):
+                    continue
+                answer = confirms.answers.get(i)
+                if answer is True:
+                    results[i] = None
+                elif answer is False:
+                    refused.append(i)  # nothing was queued: safe to send again
+                else:  # written, its fate unknown: never sent twice
+                    results[i] = failure or TimeoutError("no confirm")
+        finally:
+            if confirms is not None:
+                confirms.clear()
         unwritten = [i for i in todo if i not in results and i not in refused]
-        return refused, unwritten
+        return refused, unwritten, failure
 
 
 def _count_publishes(channel: Any, confirms: _TaskConfirms) -> None:

@@ -43,7 +43,7 @@ class Settings:
             ("slot_ttl_ms", 1),
             ("jitter_ms", 0),
             ("max_late_ms", 0),
-            ("history_size", 1),
+            ("history_size", 0),
             ("lead_ms", 0),
         ):
             value = getattr(self, key)

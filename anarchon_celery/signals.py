@@ -59,6 +59,8 @@ def _record(task: Any, event: str, **fields: Any) -> None:
         deployment = _deployment(task.app)
         job = deployment.jobs.get(run["job"])
         history_size = job.history_size if job else deployment.settings.history_size
+        if not history_size:
+            return  # the job keeps no history
         body = encode_event(
             event,
             run=run["run"],

@@ -8,7 +8,7 @@ consumer on the task queue (not by a worker) from the slot to the arrival of the
 * ``bare floor``: three raw py-amqp clients racing pipelined persistent claims into gates declared
   beforehand, each then publishing the tasks of the claims it won, pipelined and confirmed;
 * ``anarchon_celery``: ``--instances`` ``celery beat -S anarchon_celery.Scheduler`` processes,
-  jitter 0, gates declared ahead (``anarchon_lead_ms``);
+  jitter 0, gates declared ahead (``anarchon_lead_ms``), no history by default (``--history-size``);
 * ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules.
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios.
@@ -203,10 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--lead-ms", type=int, default=10_000, help="anarchon_lead_ms of the instances")
+    parser.add_argument(
+        "--history-size",
+        type=int,
+        default=0,
+        help="anarchon_history_size (default 0, no history: a stream per job, 1,000 of them, needs about "
+        "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
+    )
     parser.add_argument("--only", default="bare,anarchon,beat")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     os.environ["BURST_LEAD_MS"] = str(args.lead_ms)
+    os.environ["BURST_HISTORY_SIZE"] = str(args.history_size)
     rows = []
     only = args.only.split(",")
     if "bare" in only:

@@ -13,7 +13,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from demo import delete_prefixed, start_celery, stop, wait_for_line  # noqa: E402
+from demo import delete_prefixed, queue_names, start_celery, stop, wait_for_line  # noqa: E402
 
 __all__ = [
     "BROKER",
@@ -21,6 +21,7 @@ __all__ = [
     "delete_prefixed",
     "now_ms",
     "percentile",
+    "queue_names",
     "report",
     "start_celery",
     "stop",

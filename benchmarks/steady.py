@@ -31,6 +31,7 @@ from common import (
     delete_prefixed,
     now_ms,
     percentile,
+    queue_names,
     remove_dir,
     report,
     start_celery,
@@ -58,32 +59,36 @@ def bare_ticker(queue: str, until_ms: int, halt: threading.Event) -> None:
 
 
 def footprint(prefix: str) -> dict[str, Any]:
-    """Live gates and history streams of ``prefix``, with the memory the broker reports."""
+    """Live gates and history streams of ``prefix``, with the memory the broker reports. The
+    counts come from the broker's metadata; the memory from the queues that answered
+    ``list_queues`` (a busy queue process may not), as a mean per queue."""
+    names = queue_names(prefix)
     listing = subprocess.run(
-        ["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "memory", "type"],
+        ["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "memory"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     ).stdout
-    gates = streams = 0
-    gate_bytes = stream_bytes = 0
+    memory = {}
     for line in listing.splitlines():
         parts = line.split()
-        if len(parts) < 3 or not parts[0].startswith(prefix):
-            continue
-        if ".slot." in parts[0]:
-            gates += 1
-            gate_bytes += int(parts[1])
-        elif parts[0].endswith(".history"):
-            streams += 1
-            stream_bytes += int(parts[1])
+        if len(parts) == 2 and parts[0].startswith(prefix) and parts[1].isdigit():
+            memory[parts[0]] = int(parts[1])
+    gates = [n for n in names if ".slot." in n]
+    streams = [n for n in names if n.endswith(".history")]
+
+    def mean_kib(group: list[str]) -> float | None:
+        known = [memory[n] for n in group if n in memory]
+        return sum(known) / len(known) / 1024 if known else None
+
+    per_gate, per_stream = mean_kib(gates), mean_kib(streams)
     return {
-        "live gates": gates,
-        "gate memory MiB": gate_bytes / 2**20,
-        "KiB per gate": gate_bytes / 1024 / gates if gates else None,
-        "history streams": streams,
-        "stream memory MiB": stream_bytes / 2**20,
+        "live gates": len(gates),
+        "KiB per gate": per_gate,
+        "gate memory MiB": len(gates) * per_gate / 1024 if per_gate else None,
+        "history streams": len(streams),
+        "KiB per stream": per_stream,
     }
 
 

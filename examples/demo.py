@@ -40,7 +40,7 @@ def now_ms() -> int:
 
 # Queue names straight from the broker's metadata: `rabbitmqctl list_queues` asks every queue
 # process for its name, and leaves out those too busy to answer (many just made at once).
-_QUEUE_NAMES = '[io:format("~s~n", [N]) || {resource, _, queue, N} <- rabbit_amqqueue:list_names()], ok.'
+_QUEUE_NAMES = '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], ok.'
 
 
 def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,17 +49,24 @@ def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def queue_names(prefix: str = "") -> list[str]:
+    """Every queue whose name starts with ``prefix``, as the broker's metadata knows them."""
+    listing = _rabbitmqctl("eval", _QUEUE_NAMES)
+    if listing.returncode == 0:
+        names = [line[6:] for line in listing.stdout.splitlines() if line.startswith("queue:")]
+    else:
+        names = _rabbitmqctl("list_queues", "--no-table-headers", "name").stdout.split()
+    return sorted({n for n in names if n.startswith(prefix)})
+
+
 def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
     """Delete every queue and exchange whose name starts with ``prefix``; return how many."""
     from kombu import Connection
 
-    queues = _rabbitmqctl("eval", _QUEUE_NAMES)
-    if queues.returncode != 0:
-        queues = _rabbitmqctl("list_queues", "--no-table-headers", "name")
     exchanges = _rabbitmqctl("list_exchanges", "--no-table-headers", "name")
     names = {
-        kind: sorted({n for n in listing.stdout.split() if n.startswith(prefix)})
-        for kind, listing in (("queues", queues), ("exchanges", exchanges))
+        "queues": queue_names(prefix),
+        "exchanges": sorted({n for n in exchanges.stdout.split() if n.startswith(prefix)}),
     }
     with Connection(broker) as conn:
         channel = conn.default_channel

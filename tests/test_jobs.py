@@ -92,7 +92,7 @@ def test_job_names_are_checked(name: str, message: str) -> None:
         (entry(jiter_ms=5), "job 'j': unknown key 'jiter_ms'. Did you mean 'jitter_ms'"),
         (entry(jitter_ms=-1), "job 'j': jitter_ms must be an integer >= 0"),
         (entry(max_late_ms="60s"), "job 'j': max_late_ms must be an integer"),
-        (entry(history_size=0), "job 'j': history_size must be an integer >= 1"),
+        (entry(history_size=-1), "job 'j': history_size must be an integer >= 0"),
         (entry(max_late_ms=0), "job 'j': max_late_ms must be an integer >= 1"),
         (entry(options={"retry": False}), "job 'j': options \\['retry'\\] are set by the scheduler"),
         (entry(jitter_ms=True), "job 'j': jitter_ms must be an integer"),

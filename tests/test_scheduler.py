@@ -254,3 +254,22 @@ def test_memory_backend_for_testing_schedules(app: Celery, clock: Clock, broker_
     assert backend.holder("job", T0 + 2000) in {"i0", "i1", "i2"}
     slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks"))
     assert slots == [T0, T0 + 2000, T0 + 4000]
+
+
+def test_a_job_with_history_size_0_keeps_no_history(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    app.conf.beat_schedule = {
+        "quiet": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "history_size": 0},
+        "kept": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0},
+    }
+    scheduler = Scheduler(app)
+    run_until(clock, [scheduler], T0 + 2001)
+    scheduler.close()
+    jobs = sorted((m.headers["anarchon_job"], m.headers["anarchon_slot"]) for m in sent(broker_url, f"{prefix}tasks"))
+    assert jobs == [(job, T0 + n * 1000) for job in ("kept", "quiet") for n in range(3)]
+    manual = anarchon_celery.run_now(app, "quiet")  # sent, and not recorded either
+    assert [m.headers["id"] for m in sent(broker_url, f"{prefix}tasks")] == [manual.task_id]
+    assert anarchon_celery.history(app, "quiet") == []
+    assert anarchon_celery.last_run(app, "quiet") is None
+    assert len(anarchon_celery.history(app, "kept")) == 3
+    with Connection(broker_url) as conn, pytest.raises(Exception, match="NOT_FOUND"):
+        conn.default_channel.queue_declare(f"{prefix}quiet.history", passive=True)  # no stream was made

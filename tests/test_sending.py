@@ -3,6 +3,7 @@ the connection must fail at a chosen point)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections import Counter
@@ -137,3 +138,27 @@ def test_eager_tasks_run_here_and_count_as_sent(broker_url: str, prefix: str) ->
         results = TaskSender(app, connection).send([Outgoing(job, 1, "t-1", "t-1", "schedule", clock.now_ms() + 5_000)])
     assert results == [None]
     assert done == [(7,)]
+
+
+def test_a_run_whose_queue_the_broker_refuses_fails_with_that_error_and_the_others_are_sent(
+    broker_url: str, prefix: str, task_queue: str
+) -> None:
+    # Celery declares a task's queue before publishing; here the broker refuses that declare every
+    # time (the queue exists with another x-max-priority): that run fails with the broker's error,
+    # after one more try, and the runs after it go out on a new channel.
+    app = make_app(broker_url, prefix)
+    bad = f"{prefix}bad"
+    with Connection(broker_url) as conn:
+        Queue(bad, Exchange(bad), bad, queue_arguments={"x-max-priority": 5})(conn.default_channel).declare()
+    app.conf.task_queues = [
+        Queue(task_queue, Exchange(task_queue), task_queue),
+        Queue(bad, Exchange(bad), bad, queue_arguments={"x-max-priority": 10}),
+    ]
+    good = runs(app, 3, clock.now_ms() + 20_000)
+    job = dataclasses.replace(good[0].job, options={"queue": bad})
+    refused = good[0]._replace(job=job, task_id="bad-0", run_id="bad-0")
+    with task_connection(app) as connection:
+        results = TaskSender(app, connection).send([refused, *good])
+    assert "PRECONDITION_FAILED" in str(results[0]), results[0]
+    assert results[1:] == [None] * 3
+    assert sorted(queued(broker_url, task_queue)) == ["task-000", "task-001", "task-002"]

@@ -577,7 +577,7 @@ class RabbitMQBackend(Backend):
         for done, n in enumerate(unconfirmed):
             if self.record(*events[n]):
                 recorded += 1
-            elif connection_failed:
+            elif connection_failed and self._outage_since is not None:
                 # RabbitMQ is not answering: one event at a time, each with its retries, would hold
                 # up the next claims for as long as the outage lasts.
                 logger.warning(
@@ -801,7 +801,8 @@ class RabbitMQBackend(Backend):
         ``connect_timeout``); a broker that was not there at :meth:`open` is checked now."""
         try:
             self.connection.ensure_connection(
-                errback=lambda exc, interval: self._outage(exc),  # logged once per outage, not per attempt
+                # An outage is logged once, not per attempt (before open(), its error says it all).
+                errback=(lambda exc, interval: self._outage(exc)) if self._opened else None,
                 max_retries=None if timeout else 1,
                 interval_start=0.2,
                 interval_step=0.5,
@@ -825,16 +826,16 @@ class RabbitMQBackend(Backend):
         self._declarer = None
         self._recorder = None
         self._streams.clear()
+        if self._owned:
+            _abort(self.connection)  # ours: nothing else is written on it
         if self._owned or connection_lost:
-            _abort(self.connection)
             self.connection.collect()
 
     def _outage(self, exc: BaseException) -> None:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.warning(
-                "anarchon: RabbitMQ at %s is unavailable (%s: %s); reconnecting. Runs due meanwhile are "
-                "claimed once it answers, if still within their max_late_ms",
+                "anarchon: RabbitMQ at %s is unavailable (%s: %s); reconnecting with back-off",
                 self.connection.as_uri(),
                 type(exc).__name__,
                 exc,
@@ -864,7 +865,8 @@ def _abort(connection: Connection) -> None:
     expired. A reset instead (SO_LINGER 0) discards it.
     """
     raw = connection._connection  # not .connection, which would connect
-    sock = getattr(getattr(raw, "transport", None), "sock", None)
+    transport = getattr(raw, "_transport", None)  # not .transport, which would connect too
+    sock = getattr(transport, "sock", None)
     if sock is not None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
