@@ -22,7 +22,7 @@ app.conf.update(
     anarchon_max_late_ms=10_000,
     anarchon_slot_ttl_ms=int(os.environ.get("STEADY_SLOT_TTL_MS", "60000")),
     anarchon_lead_ms=int(os.environ.get("STEADY_LEAD_MS", "10000")),
-    anarchon_history_size=10,
+    anarchon_history_size=int(os.environ.get("STEADY_HISTORY_SIZE", "10")),
     beat_schedule={
         f"job-{n:03d}": {
             "task": "steady_app.tick",
