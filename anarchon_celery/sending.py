@@ -170,7 +170,7 @@ class TaskSender:
                         results[i] = exc  # refused before writing (arguments that cannot be encoded...)
                         continue
                     # The connection or the channel failed (kombu wraps some as OperationalError).
-                    if isinstance(exc, tuple(connection.channel_errors)):
+                    if isinstance(exc, connection.channel_errors):
                         # Before the write: maybe this run's own doing (Celery declares its queue,
                         # which the broker may refuse), maybe a message written earlier. Twice in a
                         # row: this run's, and it is not tried again.
@@ -236,7 +236,7 @@ class _TaskConfirms:
         self.next_tag = 1
         self.runs: dict[str, int] = {}  # task id -> run index, for the runs being sent
         self.tags: dict[int, int | None] = {}  # unanswered delivery tag -> run index (None: not a run's task)
-        self.written: dict[int, int] = {}  # run index -> its message's delivery tag
+        self.written: set[int] = set()  # run indexes whose message was written
         self.answers: dict[int, bool] = {}  # run index -> acked (True) or nacked (False)
 
     @property
@@ -251,7 +251,7 @@ class _TaskConfirms:
             run = None  # a second message with the same id: the run's answer is its first
         self.tags[self.next_tag] = run
         if run is not None:
-            self.written[run] = self.next_tag
+            self.written.add(run)
         self.next_tag += 1
 
     def wrote(self, run: int) -> bool:

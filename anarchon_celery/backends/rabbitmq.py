@@ -390,7 +390,6 @@ class RabbitMQBackend(Backend):
                         outcomes[gate] = Outcome.UNDECIDED
                     return set()
                 logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
-        self._recovered()
 
         gated = []
         for (claim, gate), ok in zip(claims, usable):
