@@ -18,8 +18,11 @@ Faults, every ``--every`` seconds: ``kill`` SIGKILLs an instance and starts it a
 every broker connection (``rabbitmqctl close_all_connections``); ``restart`` stops and starts the
 broker application (``rabbitmqctl stop_app`` / ``start_app``); ``pause`` SIGSTOPs an instance for
 longer than ``max_late_ms``, then SIGCONTs it. A run missed because the killed instance had
-claimed it and not yet sent it is counted apart (``lost_with_killed``), from its gate's claim (the
-gates live longer than the line, so that they can be read at its end).
+claimed it and not yet sent it is counted apart (``lost_with_killed``), from its gate's claim (in
+that mode the gates live longer than the line, so that they can be read at its end; in the others
+they live ``--slot-ttl-ms``). A broker restart recovers every live gate: on RabbitMQ before 3.12,
+each one being recovered holds an open file, and more of them than the broker's open-file limit
+(1,024 where the package sets it) hangs its recovery; see the README's footprint section.
 
 Runs are counted from one period after the first task message of the line, so a scheduler's slow
 start is not counted as a fault's misses, and the last ``--tail-s`` seconds are not counted.
@@ -56,11 +59,16 @@ def rabbitmqctl(*args: str, timeout: float = 120) -> bool:
 
 
 def restart_broker() -> bool:
-    """Start the broker application again; if it will not start, restart the whole node.
+    """Start the broker application again; if it will not start, restart the whole node, and if
+    the node will not stop, kill it (RabbitMQ recovers its durable queues at the next boot).
     Returns False when the node had to be restarted. Never leaves the broker down silently."""
     if rabbitmqctl("start_app", timeout=90) and rabbitmqctl("await_startup", timeout=90):
         return True
-    rabbitmqctl("stop", timeout=60)
+    print("soak: RabbitMQ's application did not start again; restarting the node", file=sys.stderr, flush=True)
+    if not rabbitmqctl("stop", timeout=60):
+        print("soak: the node did not stop; killing it", file=sys.stderr, flush=True)
+        subprocess.run(["pkill", "-9", "-f", "beam.smp.*rabbit"], check=False)
+        time.sleep(2)
     subprocess.run(["rabbitmq-server", "-detached"], capture_output=True, stdin=subprocess.DEVNULL, check=False)
     if not rabbitmqctl("await_startup", "--timeout", "170", timeout=180):
         raise RuntimeError("RabbitMQ did not come back after the restart fault: start it by hand")
@@ -201,7 +209,7 @@ def soak(impl: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
         SOAK_PERIOD=str(args.period),
         SOAK_BROKER=BROKER,
         SOAK_MAX_LATE_MS=str(args.max_late_ms),
-        SOAK_SLOT_TTL_MS=str(round((args.duration + 180) * 1000)),
+        SOAK_SLOT_TTL_MS=str(round((args.duration + 180) * 1000) if mode == "kill" else args.slot_ttl_ms),
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
     )
     tally = Tally(f"{prefix}tasks")
@@ -247,6 +255,7 @@ def soak(impl: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
             waits.append((min(after) - fault["back_ms"]) / 1000 if after else None)
         result["recovery_s_max"] = max((w for w in waits if w is not None), default=None)
         result["recoveries"] = waits
+        result["node_restarts"] = sum("node had to be restarted" in fault["fault"] for fault in faults)
     delete_prefixed(prefix, BROKER)
     if impl == "redbeat":
         import redis
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=300, help="seconds per (impl, mode)")
     parser.add_argument("--every", type=float, default=15, help="seconds between faults")
     parser.add_argument("--max-late-ms", type=int, default=10_000)
+    parser.add_argument("--slot-ttl-ms", type=int, default=60_000, help="gates' lifetime, except in kill mode")
     parser.add_argument("--tail-s", type=int, default=5, help="runs of the last seconds are not counted")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
