@@ -10,15 +10,15 @@ import datetime as dt
 import difflib
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .schedule import Cron, Schedule, parse_schedule, resolve_tz
+from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
 from .settings import Settings
 
-__all__ = ["Job", "collect_jobs", "cron", "task_id_for"]
+__all__ = ["Job", "collect_jobs", "cron", "live_gates", "task_id_for"]
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 
@@ -171,6 +171,33 @@ def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0) -> None
             "forgets the run was taken and a late instance could run it again. Lower them or "
             "raise anarchon_slot_ttl_ms"
         )
+
+
+def live_gates(jobs: Iterable[Job], slot_ttl_ms: int, lead_ms: int, now_ms: int, *, sample: int = 64) -> int:
+    """About how many gates the jobs keep alive at once: each run's gate lives from ``lead_ms``
+    before its slot until ``slot_ttl_ms`` after that, so a job has as many as it has slots in a
+    window of ``slot_ttl_ms + lead_ms``. Counted once per distinct schedule; one with more than
+    ``sample`` slots in the window is extrapolated from its first ``sample`` (cheap at start-up)."""
+    window = slot_ttl_ms + lead_ms
+    per_schedule: dict[Schedule, int] = {}
+    total = 0
+    for job in jobs:
+        count = per_schedule.get(job.schedule)
+        if count is None:
+            count = per_schedule[job.schedule] = _slots_within(job.schedule, now_ms, window, sample)
+        total += count
+    return total
+
+
+def _slots_within(schedule: Schedule, now_ms: int, window: int, sample: int) -> int:
+    if isinstance(schedule, Interval):
+        return -(-window // schedule.every_ms)
+    slot = now_ms
+    for found in range(sample):
+        slot = schedule.next_slot(slot)
+        if slot > now_ms + window:
+            return found
+    return round(sample * window / max(1, slot - now_ms))  # as dense as its first `sample` slots
 
 
 # -- the @cron decorator ------------------------------------------------------------------------

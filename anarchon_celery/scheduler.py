@@ -23,7 +23,7 @@ from .connections import keep_alive
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
-from .jobs import Job, task_id_for
+from .jobs import Job, live_gates, task_id_for
 from .sending import Outgoing, TaskSender, instance_id, task_connection
 
 __all__ = ["Scheduler", "instance_id"]
@@ -50,6 +50,9 @@ class Scheduler(beat.Scheduler):
     #: Gates declared ahead (``anarchon_lead_ms``) at most this many per wake-up, so that claims
     #: coming due meanwhile are not held up.
     prepare_batch = 200
+    #: Above this many live gates (see :func:`~anarchon_celery.jobs.live_gates`), a warning at
+    #: start-up names the broker's open-file limit.
+    gates_warning = 500
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
@@ -58,6 +61,10 @@ class Scheduler(beat.Scheduler):
         self._queue: list[_Due] = []
         self._prepares: list[_Due] = []  # due_ms: when to declare the run's gate ahead
         self.lead_ms = 0
+        #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run: a phase of this
+        #: instance between a quarter and three quarters of ``min(lead_ms, 1 s)``, so that at
+        #: runs aligned on whole seconds the declares come between the claims, not with them.
+        self.prepare_phase_ms = 0
         self._random = random.Random()
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
@@ -79,6 +86,8 @@ class Scheduler(beat.Scheduler):
         self.backend = backend
         self.jobs = deployment.jobs
         self.lead_ms = deployment.settings.lead_ms
+        step = min(self.lead_ms, 1000)
+        self.prepare_phase_ms = self._random.randint(step // 4, step * 3 // 4)
         start = clock.now_ms()
         self._queue = []
         self._prepares = []
@@ -87,7 +96,24 @@ class Scheduler(beat.Scheduler):
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
         self._defer_stop_signals()
+        self._check_footprint(backend.slot_ttl_ms, start)
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+
+    def _check_footprint(self, slot_ttl_ms: int, now_ms: int) -> None:
+        """Warn when the jobs keep more gates alive than a broker may hold files for."""
+        gates = live_gates(self.jobs.values(), slot_ttl_ms, self.lead_ms, now_ms)
+        if gates > self.gates_warning:
+            logger.warning(
+                "anarchon: these jobs keep about %d gate queues alive at once (one per run for "
+                "slot_ttl_ms %d + lead_ms %d). A RabbitMQ restart recovers each of them, holding a "
+                "file open for each one on RabbitMQ 3.10, which hangs when they outnumber its open-file "
+                "limit (1,024 in some packages). Raise that limit well above %d (LimitNOFILE), or lower "
+                "anarchon_slot_ttl_ms",
+                gates,
+                slot_ttl_ms,
+                self.lead_ms,
+                gates,
+            )
 
     def _defer_stop_signals(self) -> None:
         """SIGTERM or SIGINT during a claim or a send waits for them to finish (beat's own handler
@@ -166,7 +192,8 @@ class Scheduler(beat.Scheduler):
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
         heapq.heappush(self._queue, _Due(slot + jitter, slot, job.name))
         if self.lead_ms:
-            heapq.heappush(self._prepares, _Due(slot + jitter - self.lead_ms, slot, job.name))
+            lead = self.lead_ms - self.prepare_phase_ms
+            heapq.heappush(self._prepares, _Due(slot + jitter - lead, slot, job.name))
 
     def _prepare(self, backend: Backend) -> None:
         """Declare ahead the gates of runs due within ``lead_ms``, so that at their slot only the
@@ -175,7 +202,7 @@ class Scheduler(beat.Scheduler):
         ready: list[Claim] = []
         while self._prepares and self._prepares[0].due_ms <= now and len(ready) < self.prepare_batch:
             item = heapq.heappop(self._prepares)
-            if item.due_ms + self.lead_ms > now:
+            if item.due_ms + self.lead_ms - self.prepare_phase_ms > now:
                 ready.append(Claim(item.job, item.slot))
         if ready:
             backend.prepare(ready)

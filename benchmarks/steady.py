@@ -5,15 +5,24 @@
 ``--instances`` ``celery beat -S anarchon_celery.Scheduler`` processes run ``--jobs`` jobs (every
 1 s, 2 s, 3 s and ``*/5 * * * * *``, jitter 0). A raw consumer on the task queue stamps each task
 on arrival: lateness is arrival minus the run's slot (with jitter 0, the slot is when every
-instance plans its claim). The baseline, in the same run and on the same machine: a bare client
-that sleeps until each second and publishes one persistent confirmed message (raw py-amqp), timed
-the same way. At the end it counts the live gate queues and the history streams of the run, with
-the memory RabbitMQ reports for them.
+instance plans its claim). At the end it counts the live gate queues and the history streams of
+the run, with the memory RabbitMQ reports for them.
+
+Two baselines, timed the same way in the same run:
+
+* ``bare floor``, after the schedulers stopped: the same runs, second after second, by as many
+  raw py-amqp clients as instances, each racing persistent claims pipelined into gates declared
+  the second before (by one of them), then publishing the tasks of the claims it won, pipelined
+  and confirmed: the protocol with nothing else, under the same load;
+* ``one publish a second``, beside the schedulers: a bare client that sleeps until each second
+  and publishes one persistent confirmed message, the broker's answer time under that load.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import subprocess
 import tempfile
 import threading
@@ -58,6 +67,108 @@ def bare_ticker(queue: str, until_ms: int, halt: threading.Event) -> None:
     conn.close()
 
 
+def due_jobs(jobs: int, slot: int) -> list[str]:
+    """The jobs of ``steady_app`` due at ``slot`` (a whole second)."""
+    periods = (1000, 2000, 3000, 5000)  # steady_app's schedules, aligned to the epoch
+    return [f"job-{n:03d}" for n in range(jobs) if slot % periods[n % len(periods)] == 0]
+
+
+def bare_racer(prefix: str, jobs: int, start: int, end: int, index: int) -> None:
+    """One bare client of the floor: every second from ``start`` to ``end``, claim the due runs
+    (pipelined, confirmed), then publish the tasks of those won (pipelined, confirmed)."""
+    import amqp
+
+    from anarchon_celery.backends.rabbitmq import gate_arguments, gate_name
+
+    conn = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest")
+    conn.connect()
+    claims, tasks = conn.channel(), conn.channel()
+    claims.confirm_select()
+    tasks.confirm_select()
+    answers: dict[int, bool] = {}
+    tasks_acked: set[int] = set()
+
+    def settle(into: dict[int, bool], tag: int, multiple: bool, won: bool) -> None:
+        for t in [t for t in pending if t <= tag] if multiple else [tag]:
+            if t in pending:
+                pending.discard(t)
+                into[t] = won
+
+    pending: set[int] = set()
+    returned: set[str] = set()  # unroutable claims: RabbitMQ returns them before their ack
+
+    def on_task_ack(tag: int, multiple: bool) -> None:
+        tasks_acked.update(range(1, tag + 1) if multiple else (tag,))
+
+    claims.events["basic_ack"].add(lambda tag, multiple: settle(answers, tag, multiple, True))
+    claims.events["basic_nack"].add(lambda tag, multiple: settle(answers, tag, multiple, False))
+    claims.events["basic_return"].add(lambda exc, exchange, routing_key, message: returned.add(routing_key))
+    tasks.events["basic_ack"].add(on_task_ack)
+
+    def declare(slot: int) -> None:  # by one client, the second before (as lead_ms does)
+        if index == 0:
+            for job in due_jobs(jobs, slot):
+                arguments = gate_arguments(60_000)
+                claims.queue_declare(gate_name(prefix, job, slot), durable=True, auto_delete=False, arguments=arguments)
+
+    claim_tag = task_tag = 0
+    slot = start
+    declare(slot)
+    while slot < end:
+        time.sleep(max(0.0, (slot - now_ms()) / 1000))
+        tags = {}
+        for job in due_jobs(jobs, slot):
+            claim_tag += 1
+            tags[claim_tag] = job
+            pending.add(claim_tag)
+            body = json.dumps({"job": job, "slot": slot, "instance": f"bare-{index}"}).encode()
+            amqp.Channel._basic_publish(
+                claims, amqp.Message(body, delivery_mode=2), routing_key=gate_name(prefix, job, slot), mandatory=True
+            )
+        while pending:
+            conn.drain_events(timeout=10)
+        first_task = task_tag + 1
+        for tag, job in tags.items():
+            if not answers.pop(tag, False) or gate_name(prefix, job, slot) in returned:
+                continue
+            task_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{prefix}{job}{slot}"))
+            body = json.dumps([[job], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+            headers = {"id": task_id, "task": "steady_app.tick", "anarchon_slot": slot, "anarchon_job": job}
+            message = amqp.Message(body, delivery_mode=2, content_type="application/json", application_headers=headers)
+            amqp.Channel._basic_publish(tasks, message, exchange=f"{prefix}tasks", routing_key=f"{prefix}tasks")
+            task_tag += 1
+        while not all(t in tasks_acked for t in range(first_task, task_tag + 1)):
+            conn.drain_events(timeout=10)
+        slot += 1000
+        declare(slot)
+    conn.close()
+
+
+def bare_floor(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The floor's arrivals: ``--instances`` bare racers, ``--duration`` seconds."""
+    prefix = f"bench-steady-bare-{uuid.uuid4().hex[:6]}."
+    tally = started_tally(f"{prefix}tasks")
+    start = -(-(now_ms() + 3000) // 1000) * 1000
+    end = start + round(args.duration * 1000)
+    context = multiprocessing.get_context("spawn")
+    racers = [
+        context.Process(target=bare_racer, args=(prefix, args.jobs, start, end, i)) for i in range(args.instances)
+    ]
+    try:
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(args.duration + 60)
+        time.sleep(2)
+    finally:
+        for racer in racers:
+            if racer.is_alive():
+                racer.terminate()
+        tally.stop()
+        delete_prefixed(prefix, BROKER)
+    return [a for a in tally.arrivals if a["slot"] is not None and start + 1000 <= a["slot"] < end]
+
+
 def footprint(prefix: str) -> dict[str, Any]:
     """Live gates and history streams of ``prefix``, with the memory the broker reports. The
     counts come from the broker's metadata; the memory from the queues that answered
@@ -98,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--duration", type=float, default=120)
     parser.add_argument("--slot-ttl-ms", type=int, default=60_000)
+    parser.add_argument("--no-floor", action="store_true", help="skip the bare floor")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     prefix = f"bench-steady-{uuid.uuid4().hex[:6]}."
@@ -132,10 +244,15 @@ def main(argv: list[str] | None = None) -> int:
         delete_prefixed(prefix, BROKER)
     window = [a for a in tally.arrivals if a["slot"] is not None and start <= a["slot"] < end]
     ours = [a for a in window if a["job"] != "bare"]
-    bare_runs = [a for a in window if a["job"] == "bare"]
+    ticks = [a for a in window if a["job"] == "bare"]
+    floor = bare_floor(args) if not args.no_floor else []
     counted = Counter((a["job"], a["slot"]) for a in ours)
     rows = []
-    for name, arrivals in (("anarchon_celery", ours), ("bare confirmed publish", bare_runs)):
+    for name, arrivals in (
+        (f"anarchon_celery x{args.instances}", ours),
+        (f"bare floor x{args.instances}", floor),
+        ("one publish a second (beside ours)", ticks),
+    ):
         late = [a["at_ms"] - a["slot"] for a in arrivals]
         rows.append(
             {
@@ -151,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": args.jobs,
         "duration_s": args.duration,
         "duplicates": sum(n - 1 for n in counted.values()),
-        "p99 / bare p99": rows[0]["p99 ms"] / rows[1]["p99 ms"] if rows[1]["p99 ms"] else None,
+        "floor duplicates": len(floor) - len({(a["job"], a["slot"]) for a in floor}),
+        "p50 / floor p50": rows[0]["p50 ms"] / rows[1]["p50 ms"] if floor else None,
+        "p99 / floor p99": rows[0]["p99 ms"] / rows[1]["p99 ms"] if floor else None,
         "slot_ttl_ms": args.slot_ttl_ms,
         **used,
     }

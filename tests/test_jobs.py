@@ -355,3 +355,44 @@ def test_hostile_configurations_through_the_scheduler_setup(schedule: dict[Any, 
     else:
         assert set(scheduler.jobs) <= {str(name) for name in schedule}
         scheduler.close()
+
+
+# -- footprint ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schedule, ttl, lead, expected",
+    [
+        (1.0, 60_000, 10_000, 70),  # a job every second: one gate per second of (ttl + lead)
+        (2.0, 60_000, 10_000, 35),
+        (3.0, 60_000, 0, 20),
+        ("* * * * *", 300_000, 10_000, 5),  # one a minute: 5 or 6 in 310 s, depending on the phase
+        ("0 * * * *", 300_000, 10_000, 0),  # hourly, and the window ends before the next hour
+        ("*/5 * * * * *", 60_000, 10_000, 14),  # six-field cron, every 5 s
+        ("* * * * * *", 300_000, 10_000, 310),  # every second: extrapolated from its first 64
+    ],
+)
+def test_live_gates_counts_the_runs_of_one_gate_lifetime(schedule: Any, ttl: int, lead: int, expected: int) -> None:
+    from anarchon_celery.jobs import live_gates
+
+    app = make_app(beat_schedule={"j": entry(schedule=schedule, jitter_ms=0, max_late_ms=1_000)})
+    now = 1_800_000_000_000 + 1  # just after 08:00:00 UTC: no hourly run in the next few minutes
+    got = live_gates(jobs_of(app).values(), ttl, lead, now)
+    assert got == expected or (isinstance(schedule, str) and schedule == "* * * * *" and got == 6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    minutes=st.sets(st.integers(0, 59), min_size=1, max_size=60),
+    ttl_s=st.integers(20, 3_600),
+    now=st.integers(1_600_000_000_000, 1_900_000_000_000),
+)
+def test_live_gates_is_close_to_the_runs_counted_one_by_one(minutes: set[int], ttl_s: int, now: int) -> None:
+    from anarchon_celery.jobs import live_gates
+
+    spec = f"{','.join(map(str, sorted(minutes)))} * * * *"
+    app = make_app(beat_schedule={"j": entry(schedule=spec, jitter_ms=0, max_late_ms=1_000)})
+    job = jobs_of(app, slot_ttl_ms=ttl_s * 1000 + 1)["j"]
+    window = ttl_s * 1000
+    exact = sum(1 for _ in job.schedule.slots(now + 1, now + window + 1))
+    assert live_gates([job, job], ttl_s * 1000, 0, now) == 2 * exact  # at most 61 runs: counted, not sampled

@@ -174,11 +174,13 @@ def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock,
     clock.now = T0 + 1
     scheduler = Scheduler(app)
     gate = gate_name(prefix, "minute", T0 + 60_000)
+    phase = scheduler.prepare_phase_ms  # declares come between runs aligned on whole seconds
+    assert 250 <= phase <= 750
     clock.now = T0 + 49_000
-    assert scheduler.tick() == pytest.approx(1.0)  # wakes up for the gate, 10 s before the run
+    assert scheduler.tick() * 1000 == pytest.approx(1000 + phase)  # wakes up for the gate, ~10 s before the run
     assert not gate_exists(broker_url, gate)
-    clock.now = T0 + 50_000
-    assert scheduler.tick() == pytest.approx(10.0)  # declared; next: the claim
+    clock.now = T0 + 50_000 + phase
+    assert scheduler.tick() * 1000 == pytest.approx(10_000 - phase)  # declared; next: the claim
     assert gate_exists(broker_url, gate)
     clock.now = T0 + 60_000
     scheduler.tick()
@@ -273,3 +275,16 @@ def test_a_job_with_history_size_0_keeps_no_history(app: Celery, clock: Clock, b
     assert len(anarchon_celery.history(app, "kept")) == 3
     with Connection(broker_url) as conn, pytest.raises(Exception, match="NOT_FOUND"):
         conn.default_channel.queue_declare(f"{prefix}quiet.history", passive=True)  # no stream was made
+
+
+@pytest.mark.parametrize("jobs, warned", [(7, False), (8, True)])
+def test_more_live_gates_than_a_broker_holds_files_for_is_warned_at_start(
+    app: Celery, clock: Clock, prefix: str, caplog: pytest.LogCaptureFixture, jobs: int, warned: bool
+) -> None:
+    app.conf.anarchon_backend = MemoryBackend(prefix=prefix, slot_ttl_ms=60_000)
+    app.conf.beat_schedule = {f"j{n}": {"task": "tasks.work", "schedule": 1.0} for n in range(jobs)}
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    Scheduler(app).close()  # every second, a gate lives 60 s + lead 10 s: 70 per job
+    warning = f"these jobs keep about {jobs * 70} gate queues alive at once"
+    assert (warning in caplog.text) is warned
+    assert "anarchon: ready as" in caplog.text

@@ -35,7 +35,8 @@ def proxy(broker_url: str) -> Iterator[Proxy]:
 
 def make_app(url: str, prefix: str) -> Celery:
     app = Celery(f"send{uuid.uuid4().hex[:6]}", broker=url, set_as_current=False)
-    app.conf.task_default_queue = f"{prefix}tasks"
+    # The prefix also names the history an eager run writes to from the worker signals.
+    app.conf.update(task_default_queue=f"{prefix}tasks", anarchon_prefix=prefix)
 
     @app.task(name="tasks.work", shared=False)
     def work(*args: Any) -> None: ...
