@@ -27,7 +27,8 @@ if IMPL == "anarchon":
         anarchon_prefix=PREFIX,
         anarchon_jitter_ms=int(os.environ.get("SOAK_JITTER_MS", "300")),
         anarchon_max_late_ms=int(os.environ.get("SOAK_MAX_LATE_MS", "10000")),
-        # the benchmark reads the gates of missed runs after the line ends: they must outlive it
+        # in kill mode the benchmark reads the gates of missed runs after the line ends: there
+        # they outlive it; in the other modes they are kept few (see soak.py)
         anarchon_slot_ttl_ms=int(os.environ.get("SOAK_SLOT_TTL_MS", "60000")),
         anarchon_history_size=10,
     )
