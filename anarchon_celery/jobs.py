@@ -173,31 +173,40 @@ def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0) -> None
         )
 
 
-def live_gates(jobs: Iterable[Job], slot_ttl_ms: int, lead_ms: int, now_ms: int, *, sample: int = 64) -> int:
-    """About how many gates the jobs keep alive at once: each run's gate lives from ``lead_ms``
-    before its slot until ``slot_ttl_ms`` after that, so a job has as many as it has slots in a
-    window of ``slot_ttl_ms + lead_ms``. Counted once per distinct schedule; one with more than
-    ``sample`` slots in the window is extrapolated from its first ``sample`` (cheap at start-up)."""
-    window = slot_ttl_ms + lead_ms
-    per_schedule: dict[Schedule, int] = {}
+def live_gates(jobs: Iterable[Job], slot_ttl_ms: int, now_ms: int, *, sample: int = 64) -> int:
+    """About how many gates the jobs keep alive at once, at their busiest.
+
+    A gate expires ``slot_ttl_ms`` after its last declaration, which comes within the job's
+    ``jitter_ms`` of the others, so a job keeps as many gates as it has slots in a window of
+    ``slot_ttl_ms + jitter_ms``: at most that, over its next ``sample`` slots (a job with more in
+    one window is extrapolated from their density). Summed over the jobs, each at its peak: an
+    upper bound when the peaks of different schedules do not coincide. Each distinct schedule is
+    computed once (cheap at start-up, even for a thousand cron jobs).
+    """
+    counted: dict[tuple[Schedule, int], int] = {}
     total = 0
     for job in jobs:
-        count = per_schedule.get(job.schedule)
-        if count is None:
-            count = per_schedule[job.schedule] = _slots_within(job.schedule, now_ms, window, sample)
-        total += count
+        key = (job.schedule, job.jitter_ms)
+        if key not in counted:
+            counted[key] = _busiest_window(job.schedule, slot_ttl_ms + job.jitter_ms, now_ms, sample)
+        total += counted[key]
     return total
 
 
-def _slots_within(schedule: Schedule, now_ms: int, window: int, sample: int) -> int:
+def _busiest_window(schedule: Schedule, window: int, now_ms: int, sample: int) -> int:
     if isinstance(schedule, Interval):
         return -(-window // schedule.every_ms)
-    slot = now_ms
-    for found in range(sample):
-        slot = schedule.next_slot(slot)
-        if slot > now_ms + window:
-            return found
-    return round(sample * window / max(1, slot - now_ms))  # as dense as its first `sample` slots
+    slots = [schedule.next_slot(now_ms)]
+    while len(slots) < sample:
+        slots.append(schedule.next_slot(slots[-1]))
+    if slots[-1] - slots[0] < window:  # all within one window: as dense as that
+        return round((len(slots) - 1) * window / max(1, slots[-1] - slots[0]))
+    busiest, first = 0, 0
+    for last, slot in enumerate(slots):  # the most slots within [s, s + window) for a slot s
+        while slot - slots[first] >= window:
+            first += 1
+        busiest = max(busiest, last - first + 1)
+    return busiest
 
 
 # -- the @cron decorator ------------------------------------------------------------------------

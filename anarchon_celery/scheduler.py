@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from celery import beat
 
 from . import clock
-from .backends import Backend, Claim, Outcome
+from .backends import Backend, Claim, Outcome, RabbitMQBackend
 from .connections import keep_alive
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
@@ -50,9 +50,10 @@ class Scheduler(beat.Scheduler):
     #: Gates declared ahead (``anarchon_lead_ms``) at most this many per wake-up, so that claims
     #: coming due meanwhile are not held up.
     prepare_batch = 200
-    #: Above this many live gates (see :func:`~anarchon_celery.jobs.live_gates`), a warning at
-    #: start-up names the broker's open-file limit.
-    gates_warning = 500
+    #: Above this many broker files for the jobs' live queues (one per gate, see
+    #: :func:`~anarchon_celery.jobs.live_gates`, two per history stream), a warning at start-up
+    #: names RabbitMQ's open-file limit.
+    files_warning = 500
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
@@ -61,9 +62,9 @@ class Scheduler(beat.Scheduler):
         self._queue: list[_Due] = []
         self._prepares: list[_Due] = []  # due_ms: when to declare the run's gate ahead
         self.lead_ms = 0
-        #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run: a phase of this
-        #: instance between a quarter and three quarters of ``min(lead_ms, 1 s)``, so that at
-        #: runs aligned on whole seconds the declares come between the claims, not with them.
+        #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run (never earlier than
+        #: ``lead_ms``): a phase of this instance that puts the declares of runs on whole seconds
+        #: between a quarter and three quarters into a second, away from the claims.
         self.prepare_phase_ms = 0
         self._random = random.Random()
         self._busy = False
@@ -86,8 +87,10 @@ class Scheduler(beat.Scheduler):
         self.backend = backend
         self.jobs = deployment.jobs
         self.lead_ms = deployment.settings.lead_ms
-        step = min(self.lead_ms, 1000)
-        self.prepare_phase_ms = self._random.randint(step // 4, step * 3 // 4)
+        if self.lead_ms >= 1000:  # declared at slot - lead_ms + phase: (phase - lead_ms) mod 1000 into a second
+            self.prepare_phase_ms = (self.lead_ms + self._random.randint(250, 750)) % 1000
+        else:  # too short a lead to reach the middle of a second: as far from the slot as it allows
+            self.prepare_phase_ms = self._random.randint(self.lead_ms // 4, self.lead_ms * 3 // 4)
         start = clock.now_ms()
         self._queue = []
         self._prepares = []
@@ -96,23 +99,27 @@ class Scheduler(beat.Scheduler):
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
         self._defer_stop_signals()
-        self._check_footprint(backend.slot_ttl_ms, start)
+        self._check_footprint(backend, start)
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
 
-    def _check_footprint(self, slot_ttl_ms: int, now_ms: int) -> None:
-        """Warn when the jobs keep more gates alive than a broker may hold files for."""
-        gates = live_gates(self.jobs.values(), slot_ttl_ms, self.lead_ms, now_ms)
-        if gates > self.gates_warning:
+    def _check_footprint(self, backend: Backend, now_ms: int) -> None:
+        """Warn when the jobs keep more queues alive on RabbitMQ than it may hold files for."""
+        if not isinstance(backend, RabbitMQBackend):
+            return
+        gates = live_gates(self.jobs.values(), backend.slot_ttl_ms, now_ms)
+        streams = sum(1 for job in self.jobs.values() if job.history_size)
+        if gates + 2 * streams > self.files_warning:
             logger.warning(
-                "anarchon: these jobs keep about %d gate queues alive at once (one per run for "
-                "slot_ttl_ms %d + lead_ms %d). A RabbitMQ restart recovers each of them, holding a "
-                "file open for each one on RabbitMQ 3.10, which hangs when they outnumber its open-file "
-                "limit (1,024 in some packages). Raise that limit well above %d (LimitNOFILE), or lower "
-                "anarchon_slot_ttl_ms",
+                "anarchon: these jobs keep up to about %d gate queues (slot_ttl_ms %d) and %d history "
+                "streams alive at once. RabbitMQ holds about one file per gate while it recovers them "
+                "after a restart, and two per stream; RabbitMQ 3.10 hangs when they outnumber its "
+                "open-file limit (1,024 in some packages). Raise that limit well above %d "
+                "(LimitNOFILE), lower anarchon_slot_ttl_ms, or set history_size 0 where history is "
+                "not needed",
                 gates,
-                slot_ttl_ms,
-                self.lead_ms,
-                gates,
+                backend.slot_ttl_ms,
+                streams,
+                gates + 2 * streams,
             )
 
     def _defer_stop_signals(self) -> None:
@@ -192,8 +199,12 @@ class Scheduler(beat.Scheduler):
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
         heapq.heappush(self._queue, _Due(slot + jitter, slot, job.name))
         if self.lead_ms:
-            lead = self.lead_ms - self.prepare_phase_ms
-            heapq.heappush(self._prepares, _Due(slot + jitter - lead, slot, job.name))
+            heapq.heappush(self._prepares, _Due(slot + jitter - self._prepare_lead_ms, slot, job.name))
+
+    @property
+    def _prepare_lead_ms(self) -> int:
+        """How long before its claim a run's gate is declared."""
+        return self.lead_ms - self.prepare_phase_ms
 
     def _prepare(self, backend: Backend) -> None:
         """Declare ahead the gates of runs due within ``lead_ms``, so that at their slot only the
@@ -202,7 +213,7 @@ class Scheduler(beat.Scheduler):
         ready: list[Claim] = []
         while self._prepares and self._prepares[0].due_ms <= now and len(ready) < self.prepare_batch:
             item = heapq.heappop(self._prepares)
-            if item.due_ms + self.lead_ms - self.prepare_phase_ms > now:
+            if item.due_ms + self._prepare_lead_ms > now:  # its claim is not due yet
                 ready.append(Claim(item.job, item.slot))
         if ready:
             backend.prepare(ready)
@@ -231,16 +242,33 @@ class Scheduler(beat.Scheduler):
         if not claims:
             return []
         logger.debug("anarchon: claiming %d run(s)", len(claims))
-        outcomes = self.backend.claim(claims, self.instance)
-        won = []
+        backend = self.backend
+        won: dict[tuple[str, int], Outgoing] = {}
+
+        def on_won(claim: Claim) -> None:
+            # Written at once, while the other claims are still being answered.
+            if (claim.job, claim.slot) in won:
+                return
+            task_id = task_id_for(backend.prefix, claim.job, claim.slot)
+            run = Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now)
+            won[claim.job, claim.slot] = run
+            self.sender.write(run)  # never raises: what it could not write, _send() sends
+
+        try:
+            outcomes = backend.claim(claims, self.instance, on_won=on_won)
+        except BaseException:
+            if won:  # the tasks written are still confirmed, and logged
+                self._send(list(won.values()))
+            raise
+        runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
-            if outcome is Outcome.WON:
-                task_id = task_id_for(self.backend.prefix, claim.job, claim.slot)
-                deadline = claim.deadline_ms or now
-                won.append(Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", deadline))
-            else:
+            if outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
-        return self._send(won) if won else []
+            elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
+                task_id = task_id_for(backend.prefix, claim.job, claim.slot)
+                deadline = claim.deadline_ms or now
+                runs.append(Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", deadline))
+        return self._send(runs) if runs else []
 
     def _schedule_after(self, job: Job, slot: int, now: int) -> None:
         """Queue the job's next run; runs already too late to claim are skipped at once."""

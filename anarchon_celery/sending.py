@@ -77,7 +77,12 @@ def send_run(app: Any, connection: Any, job: Job, **run: Any) -> None:
 
 class TaskSender:
     """Sends runs' tasks over ``connection`` (from :func:`task_connection`), confirmed, on a
-    channel of its own that it keeps between sends."""
+    channel of its own that it keeps between sends.
+
+    Runs can be written one by one as they are won (:meth:`write`), while other claims are still
+    being answered, and then handed to :meth:`send`, which reads their confirms and sends what
+    could not be written then.
+    """
 
     def __init__(self, app: Any, connection: Any) -> None:
         self.app = app
@@ -85,16 +90,49 @@ class TaskSender:
         self._channel: Any = None
         self._confirms: _TaskConfirms | None = None
         self._raw: Any = None
+        self._written: _Written | None = None
+
+    def write(self, run: Outgoing) -> None:
+        """Write ``run``'s task now if the connection is up, without waiting for its confirm.
+        Never raises: a run not written here is sent by :meth:`send`, which must get the runs
+        written, in the order written, at the start of its list."""
+        written = self._written
+        if written is None:
+            written = self._written = _Written()
+        index = len(written.runs)
+        written.runs.append(run)
+        if written.failure is not None or not self.connection.connected:
+            return  # send() connects, with its retries
+        try:
+            channel, confirms = self._open_channel()
+            if written.confirms is None:
+                written.confirms = confirms
+            elif confirms is not written.confirms:  # the earlier runs' answers would come on the old channel
+                raise RuntimeError("the task channel was replaced while runs were being written")
+            self._write(channel, confirms, written.runs, index, written.results, written.strikes)
+        except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
+            written.failure = exc
+            self.close()
+            self.connection.collect()
 
     def send(self, runs: Sequence[Outgoing]) -> list[BaseException | None]:
         """One entry per run, in order: None once the broker confirmed its message, else the
         error that stopped it (a run that could not be sent by its deadline gets the last one)."""
         results: dict[int, BaseException | None] = {}
         strikes: dict[int, int] = {}  # channel errors each run met before its message was written
-        todo = list(range(len(runs)))
         # Deadlines on the monotonic clock: a wall clock that jumps cannot stretch the retries.
         start, now_ms = time.monotonic(), clock.now_ms()
         until = [start + (run.deadline_ms - now_ms) / 1000 for run in runs]
+        written, self._written = self._written, None
+        todo = list(range(len(runs)))
+        if written is not None and written.runs:
+            if list(runs[: len(written.runs)]) != written.runs:
+                raise ValueError("send() must get the runs written, in the order written, first")
+            results.update(written.results)
+            strikes.update(written.strikes)
+            ahead = list(range(len(written.runs)))
+            refused, unwritten, failure = self._settle(written.confirms, ahead, results, written.failure)
+            todo = self._again(runs, until, results, refused, unwritten, failure) + todo[len(written.runs) :]
         while todo:
             remaining = max(until[i] for i in todo) - time.monotonic()
             try:
@@ -106,19 +144,33 @@ class TaskSender:
                 results.update((i, exc) for i in todo)
                 break
             refused, unwritten, failure = self._send_once(runs, todo, results, strikes)
-            now = time.monotonic()
-            todo = [i for i in unwritten if now <= until[i]]
-            again = [i for i in refused if now + NACK_BACKOFF <= until[i]]
-            if again or (todo and failure is not None):
-                todo += again
-                time.sleep(NACK_BACKOFF)  # not a tight loop of reconnections
-            for i in refused:
-                results.setdefault(i, MessageNacked(f"task {runs[i].task_id} refused by the broker"))
-            for i in unwritten:
-                results.setdefault(i, failure or TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
-            for i in todo:
-                results.pop(i, None)
+            todo = self._again(runs, until, results, refused, unwritten, failure)
         return [results.get(i) for i in range(len(runs))]
+
+    def _again(
+        self,
+        runs: Sequence[Outgoing],
+        until: list[float],
+        results: dict[int, BaseException | None],
+        refused: list[int],
+        unwritten: list[int],
+        failure: BaseException | None,
+    ) -> list[int]:
+        """The runs to send again (certainly not queued, before their deadline); the others get
+        their error. Pauses before a retry: not a tight loop of reconnections."""
+        now = time.monotonic()
+        todo = [i for i in unwritten if now <= until[i]]
+        again = [i for i in refused if now + NACK_BACKOFF <= until[i]]
+        if again or (todo and failure is not None):
+            todo += again
+            time.sleep(NACK_BACKOFF)
+        for i in refused:
+            results.setdefault(i, MessageNacked(f"task {runs[i].task_id} refused by the broker"))
+        for i in unwritten:
+            results.setdefault(i, failure or TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
+        for i in todo:
+            results.pop(i, None)
+        return todo
 
     def close(self) -> None:
         """Forget the channel (its connection is the caller's to close)."""
@@ -137,6 +189,49 @@ class TaskSender:
             self._channel, self._confirms = channel, confirms
         return self._channel, self._confirms
 
+    def _write(
+        self,
+        channel: Any,
+        confirms: _TaskConfirms,
+        runs: Sequence[Outgoing],
+        i: int,
+        results: dict[int, BaseException | None],
+        strikes: dict[int, int],
+    ) -> None:
+        """Write run ``i``'s task. Raises when the connection or the channel failed (the run may
+        have been written: ``confirms.wrote(i)`` tells); other errors become its result."""
+        connection = self.connection
+        run = runs[i]
+        options = dict(run.job.options)
+        options["headers"] = run_headers(run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger)
+        confirms.runs[run.task_id] = i
+        try:
+            task = self.app.tasks[run.job.task]
+            producer = self.app.amqp.Producer(channel, auto_declare=False)
+            options.update(task_id=run.task_id, producer=producer, retry=False)
+            task.apply_async(run.job.args, dict(run.job.kwargs), **options)
+        except Exception as exc:  # noqa: BLE001 - sorted out below
+            if confirms.wrote(i):
+                raise  # after its message was written: the channel's state is unknown
+            broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
+            if not isinstance(exc, broken):
+                results[i] = exc  # refused before writing (arguments that cannot be encoded...)
+                return
+            # The connection or the channel failed (kombu wraps some as OperationalError).
+            if isinstance(exc, connection.channel_errors):
+                # Before the write: maybe this run's own doing (Celery declares its queue,
+                # which the broker may refuse), maybe a message written earlier. Twice in a
+                # row: this run's, and it is not tried again.
+                strikes[i] = strikes.get(i, 0) + 1
+                if strikes[i] >= 2:
+                    results[i] = exc
+            raise
+        if not confirms.wrote(i):
+            # apply_async returned without publishing: run here (task_always_eager), or
+            # a task class that does not publish with the id it was given.
+            eager = bool(self.app.conf.task_always_eager)
+            results[i] = None if eager else RuntimeError(f"task {run.task_id} was not published")
+
     def _send_once(
         self,
         runs: Sequence[Outgoing],
@@ -146,52 +241,39 @@ class TaskSender:
     ) -> tuple[list[int], list[int], BaseException | None]:
         """Write the runs' tasks, then read their confirms. Returns the runs the broker refused
         and the runs not written (both certainly not queued), and the error that stopped it."""
-        connection = self.connection
         failure: BaseException | None = None
         confirms = None
-        eager = bool(self.app.conf.task_always_eager)
         try:
             channel, confirms = self._open_channel()
-            producer = self.app.amqp.Producer(channel, auto_declare=False)
             for i in todo:
-                run = runs[i]
-                options = dict(run.job.options)
-                options["headers"] = run_headers(run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger)
-                confirms.runs[run.task_id] = i
-                try:
-                    task = self.app.tasks[run.job.task]
-                    options.update(task_id=run.task_id, producer=producer, retry=False)
-                    task.apply_async(run.job.args, dict(run.job.kwargs), **options)
-                except Exception as exc:  # noqa: BLE001 - sorted out below
-                    if confirms.wrote(i):
-                        raise  # after its message was written: the channel's state is unknown
-                    broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
-                    if not isinstance(exc, broken):
-                        results[i] = exc  # refused before writing (arguments that cannot be encoded...)
-                        continue
-                    # The connection or the channel failed (kombu wraps some as OperationalError).
-                    if isinstance(exc, connection.channel_errors):
-                        # Before the write: maybe this run's own doing (Celery declares its queue,
-                        # which the broker may refuse), maybe a message written earlier. Twice in a
-                        # row: this run's, and it is not tried again.
-                        strikes[i] = strikes.get(i, 0) + 1
-                        if strikes[i] >= 2:
-                            results[i] = exc
-                    raise
-                if not confirms.wrote(i):
-                    # apply_async returned without publishing: run here (task_always_eager), or
-                    # a task class that does not publish with the id it was given.
-                    results[i] = None if eager else RuntimeError(f"task {run.task_id} was not published")
-            deadline = time.monotonic() + CONFIRM_TIMEOUT
-            while confirms.waiting:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no confirm within {CONFIRM_TIMEOUT}s")
-                connection.drain_events(timeout=left)
+                self._write(channel, confirms, runs, i, results, strikes)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             failure = exc
             self.close()
-            connection.collect()
+            self.connection.collect()
+        return self._settle(confirms, todo, results, failure)
+
+    def _settle(
+        self,
+        confirms: _TaskConfirms | None,
+        todo: list[int],
+        results: dict[int, BaseException | None],
+        failure: BaseException | None,
+    ) -> tuple[list[int], list[int], BaseException | None]:
+        """Read the confirms of the runs written (unless writing failed), and sort ``todo`` out:
+        returns the runs refused and the runs not written, and the error that stopped it."""
+        if failure is None and confirms is not None:
+            try:
+                deadline = time.monotonic() + CONFIRM_TIMEOUT
+                while confirms.waiting:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"no confirm within {CONFIRM_TIMEOUT}s")
+                    self.connection.drain_events(timeout=left)
+            except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
+                failure = exc
+                self.close()
+                self.connection.collect()
         refused = []
         try:
             for i in todo:
@@ -209,6 +291,17 @@ class TaskSender:
                 confirms.clear()
         unwritten = [i for i in todo if i not in results and i not in refused]
         return refused, unwritten, failure
+
+
+class _Written:
+    """Runs written by :meth:`TaskSender.write`, waiting for :meth:`TaskSender.send`."""
+
+    def __init__(self) -> None:
+        self.runs: list[Outgoing] = []
+        self.confirms: _TaskConfirms | None = None
+        self.results: dict[int, BaseException | None] = {}
+        self.strikes: dict[int, int] = {}
+        self.failure: BaseException | None = None
 
 
 def _count_publishes(channel: Any, confirms: _TaskConfirms) -> None:

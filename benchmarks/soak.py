@@ -22,8 +22,10 @@ claimed it and not yet sent it is counted apart (``lost_with_killed``), from its
 that mode the gates live longer than the line, so that they can be read at its end; in the others
 they live ``--slot-ttl-ms``, 25 s by default). A broker restart recovers every live gate, and
 RabbitMQ 3.10 holds files open for each while it does: with the 1,024 open files of Debian's
-package, a restart with about 600 live gates hung its start here (see the README's footprint
-section), so the default keeps about 250.
+package, a restart recovering about 900 gates or more hangs its start (see the README's
+footprint section). RabbitMQ also starts each recovered gate's ``x-expires`` again, so in restart
+mode the gates older than ``--slot-ttl-ms`` are deleted before each restart, as they would have
+expired: without that, they would pile up.
 
 Runs are counted from one period after the first task message of the line, so a scheduler's slow
 start is not counted as a fault's misses, and the last ``--tail-s`` seconds are not counted.
@@ -45,7 +47,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common import BROKER, HERE, Tally, delete_prefixed, now_ms, start_celery, stop, wait_for_line
+from common import BROKER, HERE, Tally, delete_prefixed, now_ms, queue_names, start_celery, stop, wait_for_line
 
 MODES = ("restart", "none", "kill", "cut", "pause")  # restart first: the one that can upset the broker
 READY = {"anarchon": "anarchon: ready as", "beat": "beat: Starting...", "redbeat": "beat: Starting..."}
@@ -82,6 +84,27 @@ def restart_broker() -> bool:
     raise RuntimeError("RabbitMQ did not come back after the restart fault: start it by hand")
 
 
+def expire_gates(prefix: str, slot_ttl_ms: int) -> int:
+    """Delete the gates of ``prefix`` whose slot is more than ``slot_ttl_ms`` old, as their
+    ``x-expires`` would have. RabbitMQ starts that timer again when it recovers a queue, so with a
+    restart every 15 s and a longer ``slot_ttl_ms`` no gate would ever expire, and the thousands
+    piling up would hang RabbitMQ 3.10's recovery on its open-file limit. Every claim of those
+    runs is past its deadline (max_late_ms is shorter than slot_ttl_ms): nothing is decided by them."""
+    import amqp
+
+    oldest = now_ms() - slot_ttl_ms
+    stale = [name for name in queue_names(prefix) if ".slot." in name and int(name.rsplit(".", 1)[1]) < oldest]
+    conn = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest", connect_timeout=10)
+    conn.connect()
+    try:
+        channel = conn.channel()
+        for name in stale:
+            channel.queue_delete(name)
+    finally:
+        conn.close()
+    return len(stale)
+
+
 def node_pid() -> int | None:
     """The operating-system pid of the local RabbitMQ node (it answers this even while its
     application hangs starting)."""
@@ -99,6 +122,7 @@ class Fleet:
 
     def __init__(self, impl: str, count: int, env: dict[str, str], tmp: Path) -> None:
         self.impl, self.env, self.tmp = impl, env, tmp
+        self.prefix, self.slot_ttl_ms = env["SOAK_PREFIX"], int(env["SOAK_SLOT_TTL_MS"])
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started_at: list[int] = []  # log offsets, to read only the current process's lines
         self.killed_pids: set[int] = set()
@@ -162,6 +186,7 @@ def play(mode: str, fleet: Fleet, every: float, until: float, pause_s: float, lo
             rabbitmqctl("close_all_connections", "soak benchmark: cut")
             what = "closed every connection"
         elif mode == "restart":
+            expire_gates(fleet.prefix, fleet.slot_ttl_ms)
             rabbitmqctl("stop_app")
             time.sleep(2)
             what = "broker restarted" if restart_broker() else "broker restarted, the node had to be restarted"

@@ -73,42 +73,45 @@ def due_jobs(jobs: int, slot: int) -> list[str]:
     return [f"job-{n:03d}" for n in range(jobs) if slot % periods[n % len(periods)] == 0]
 
 
-def bare_racer(prefix: str, jobs: int, start: int, end: int, index: int) -> None:
+def bare_racer(prefix: str, jobs: int, start: int, end: int, index: int, slot_ttl_ms: int) -> None:
     """One bare client of the floor: every second from ``start`` to ``end``, claim the due runs
-    (pipelined, confirmed), then publish the tasks of those won (pipelined, confirmed)."""
-    import amqp
-
+    (pipelined, confirmed), then publish the tasks of those won (pipelined, confirmed). Exits
+    with an error if the broker refuses a task or stops answering."""
     from anarchon_celery.backends.rabbitmq import gate_arguments, gate_name
 
-    conn = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest")
+    conn = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest", connect_timeout=10)
     conn.connect()
     claims, tasks = conn.channel(), conn.channel()
     claims.confirm_select()
     tasks.confirm_select()
-    answers: dict[int, bool] = {}
-    tasks_acked: set[int] = set()
-
-    def settle(into: dict[int, bool], tag: int, multiple: bool, won: bool) -> None:
-        for t in [t for t in pending if t <= tag] if multiple else [tag]:
-            if t in pending:
-                pending.discard(t)
-                into[t] = won
-
-    pending: set[int] = set()
+    pending: dict[int, str] = {}  # claim delivery tag -> job
+    won: list[str] = []
     returned: set[str] = set()  # unroutable claims: RabbitMQ returns them before their ack
+    tasks_acked = 0  # the highest task tag acked (tasks are acked in order here, or nacked)
+
+    def settle(tag: int, multiple: bool, acked: bool) -> None:
+        for t in [t for t in pending if t <= tag] if multiple else [tag]:
+            job = pending.pop(t, None)
+            if acked and job is not None and gate_name(prefix, job, slot) not in returned:
+                won.append(job)
 
     def on_task_ack(tag: int, multiple: bool) -> None:
-        tasks_acked.update(range(1, tag + 1) if multiple else (tag,))
+        nonlocal tasks_acked
+        tasks_acked = max(tasks_acked, tag)
 
-    claims.events["basic_ack"].add(lambda tag, multiple: settle(answers, tag, multiple, True))
-    claims.events["basic_nack"].add(lambda tag, multiple: settle(answers, tag, multiple, False))
+    def on_task_nack(tag: int, multiple: bool) -> None:
+        raise RuntimeError(f"bare floor: task {tag} refused by the broker")
+
+    claims.events["basic_ack"].add(lambda tag, multiple: settle(tag, multiple, True))
+    claims.events["basic_nack"].add(lambda tag, multiple: settle(tag, multiple, False))
     claims.events["basic_return"].add(lambda exc, exchange, routing_key, message: returned.add(routing_key))
     tasks.events["basic_ack"].add(on_task_ack)
+    tasks.events["basic_nack"].add(on_task_nack)
 
     def declare(slot: int) -> None:  # by one client, the second before (as lead_ms does)
         if index == 0:
             for job in due_jobs(jobs, slot):
-                arguments = gate_arguments(60_000)
+                arguments = gate_arguments(slot_ttl_ms)
                 claims.queue_declare(gate_name(prefix, job, slot), durable=True, auto_delete=False, arguments=arguments)
 
     claim_tag = task_tag = 0
@@ -116,57 +119,60 @@ def bare_racer(prefix: str, jobs: int, start: int, end: int, index: int) -> None
     declare(slot)
     while slot < end:
         time.sleep(max(0.0, (slot - now_ms()) / 1000))
-        tags = {}
+        won.clear()
         for job in due_jobs(jobs, slot):
             claim_tag += 1
-            tags[claim_tag] = job
-            pending.add(claim_tag)
+            pending[claim_tag] = job
             body = json.dumps({"job": job, "slot": slot, "instance": f"bare-{index}"}).encode()
-            amqp.Channel._basic_publish(
-                claims, amqp.Message(body, delivery_mode=2), routing_key=gate_name(prefix, job, slot), mandatory=True
-            )
+            message = amqp.Message(body, delivery_mode=2)
+            claims.basic_publish(message, routing_key=gate_name(prefix, job, slot), mandatory=True)
         while pending:
             conn.drain_events(timeout=10)
-        first_task = task_tag + 1
-        for tag, job in tags.items():
-            if not answers.pop(tag, False) or gate_name(prefix, job, slot) in returned:
-                continue
+        for job in won:
             task_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{prefix}{job}{slot}"))
             body = json.dumps([[job], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
             headers = {"id": task_id, "task": "steady_app.tick", "anarchon_slot": slot, "anarchon_job": job}
             message = amqp.Message(body, delivery_mode=2, content_type="application/json", application_headers=headers)
-            amqp.Channel._basic_publish(tasks, message, exchange=f"{prefix}tasks", routing_key=f"{prefix}tasks")
+            tasks.basic_publish(message, exchange=f"{prefix}tasks", routing_key=f"{prefix}tasks")
             task_tag += 1
-        while not all(t in tasks_acked for t in range(first_task, task_tag + 1)):
+        while tasks_acked < task_tag:
             conn.drain_events(timeout=10)
         slot += 1000
         declare(slot)
     conn.close()
 
 
-def bare_floor(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The floor's arrivals: ``--instances`` bare racers, ``--duration`` seconds."""
+def bare_floor(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int, bool]:
+    """The floor's arrivals (``--instances`` bare racers, ``--duration`` seconds), the runs due in
+    its window, and whether every racer finished cleanly."""
     prefix = f"bench-steady-bare-{uuid.uuid4().hex[:6]}."
     tally = started_tally(f"{prefix}tasks")
     start = -(-(now_ms() + 3000) // 1000) * 1000
     end = start + round(args.duration * 1000)
     context = multiprocessing.get_context("spawn")
     racers = [
-        context.Process(target=bare_racer, args=(prefix, args.jobs, start, end, i)) for i in range(args.instances)
+        context.Process(target=bare_racer, args=(prefix, args.jobs, start, end, i, args.slot_ttl_ms))
+        for i in range(args.instances)
     ]
+    deadline = time.monotonic() + 3 + args.duration + 60
     try:
         for racer in racers:
             racer.start()
         for racer in racers:
-            racer.join(args.duration + 60)
+            racer.join(max(0.0, deadline - time.monotonic()))
         time.sleep(2)
     finally:
         for racer in racers:
             if racer.is_alive():
                 racer.terminate()
+                racer.join(5)
         tally.stop()
         delete_prefixed(prefix, BROKER)
-    return [a for a in tally.arrivals if a["slot"] is not None and start + 1000 <= a["slot"] < end]
+    clean = all(racer.exitcode == 0 for racer in racers)
+    # From the second second: the racers start together at the first.
+    window = range(start + 1000, end, 1000)
+    arrivals = [a for a in tally.arrivals if a["slot"] is not None and start + 1000 <= a["slot"] < end]
+    return arrivals, sum(len(due_jobs(args.jobs, slot)) for slot in window), clean
 
 
 def footprint(prefix: str) -> dict[str, Any]:
@@ -209,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--duration", type=float, default=120)
     parser.add_argument("--slot-ttl-ms", type=int, default=60_000)
+    parser.add_argument(
+        "--history-size",
+        type=int,
+        default=0,
+        help="anarchon_history_size (default 0, no history, as the floor: 200 streams need about 400 open "
+        "files on the broker, on top of the gates)",
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the bare floor")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         STEADY_PREFIX=prefix,
         STEADY_JOBS=str(args.jobs),
         STEADY_SLOT_TTL_MS=str(args.slot_ttl_ms),
+        STEADY_HISTORY_SIZE=str(args.history_size),
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -245,32 +259,37 @@ def main(argv: list[str] | None = None) -> int:
     window = [a for a in tally.arrivals if a["slot"] is not None and start <= a["slot"] < end]
     ours = [a for a in window if a["job"] != "bare"]
     ticks = [a for a in window if a["job"] == "bare"]
-    floor = bare_floor(args) if not args.no_floor else []
-    counted = Counter((a["job"], a["slot"]) for a in ours)
+    expected = sum(len(due_jobs(args.jobs, slot)) for slot in range(start, end, 1000))
+    floor, floor_expected, floor_clean = bare_floor(args) if not args.no_floor else ([], 0, False)
     rows = []
-    for name, arrivals in (
-        (f"anarchon_celery x{args.instances}", ours),
-        (f"bare floor x{args.instances}", floor),
-        ("one publish a second (beside ours)", ticks),
+    for name, arrivals, due in (
+        (f"anarchon_celery x{args.instances}", ours, expected),
+        (f"bare floor x{args.instances}", floor, floor_expected),
+        ("one publish a second (beside ours)", ticks, None),
     ):
         late = [a["at_ms"] - a["slot"] for a in arrivals]
+        runs = Counter((a["job"], a["slot"]) for a in arrivals)
         rows.append(
             {
                 "sender": name,
-                "runs": len(arrivals),
+                "runs": len(runs),
+                "missing": due - len(runs) if due is not None else "",
+                "duplicates": sum(n - 1 for n in runs.values()),
                 "p50 ms": percentile(late, 50),
                 "p99 ms": percentile(late, 99),
                 "max ms": max(late, default=None),
             }
         )
+    # A floor that lost runs or failed would look faster than it is: no ratio then.
+    complete = floor_clean and rows[1]["missing"] == 0 and rows[1]["duplicates"] == 0
     summary = {
         "instances": args.instances,
         "jobs": args.jobs,
         "duration_s": args.duration,
-        "duplicates": sum(n - 1 for n in counted.values()),
-        "floor duplicates": len(floor) - len({(a["job"], a["slot"]) for a in floor}),
-        "p50 / floor p50": rows[0]["p50 ms"] / rows[1]["p50 ms"] if floor else None,
-        "p99 / floor p99": rows[0]["p99 ms"] / rows[1]["p99 ms"] if floor else None,
+        "history_size": args.history_size,
+        "floor complete": complete,
+        "p50 / floor p50": rows[0]["p50 ms"] / rows[1]["p50 ms"] if complete else None,
+        "p99 / floor p99": rows[0]["p99 ms"] / rows[1]["p99 ms"] if complete else None,
         "slot_ttl_ms": args.slot_ttl_ms,
         **used,
     }

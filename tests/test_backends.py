@@ -64,6 +64,22 @@ def test_batches_answer_each_claim_in_order(make_backend: Any) -> None:
     assert a.claim([], "a") == []
 
 
+def test_each_win_is_reported_once_as_it_is_known(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    assert a.claim([Claim("x", 1)], "a") == [Outcome.WON]
+    heard: list[Claim] = []
+    claims = [Claim("x", 1), Claim("x", 2), Claim("y", 1), Claim("z", 1, deadline_ms=clock.now_ms() - 1)]
+    assert b.claim(claims, "b", on_won=heard.append) == [Outcome.LOST, Outcome.WON, Outcome.WON, Outcome.UNDECIDED]
+    assert sorted(heard, key=lambda c: (c.job, c.slot)) == [claims[1], claims[2]]  # only the wins, once each
+
+    def broken(claim: Claim) -> None:
+        raise RuntimeError("a listener's bug")
+
+    if isinstance(b, RabbitMQBackend):  # a listener that raises changes no outcome
+        assert b.claim([Claim("w", 1), Claim("w", 2)], "b", on_won=broken) == [Outcome.WON] * 2
+        assert b.claim([Claim("w", 3)], "b") == [Outcome.WON]  # and the connection goes on
+
+
 def test_a_claim_past_its_deadline_is_never_made(make_backend: Any) -> None:
     backend = make_backend()
     now = clock.now_ms()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import string
 import uuid
 from typing import Any
@@ -361,24 +362,27 @@ def test_hostile_configurations_through_the_scheduler_setup(schedule: dict[Any, 
 
 
 @pytest.mark.parametrize(
-    "schedule, ttl, lead, expected",
+    "schedule, ttl, jitter, expected",
     [
-        (1.0, 60_000, 10_000, 70),  # a job every second: one gate per second of (ttl + lead)
-        (2.0, 60_000, 10_000, 35),
+        (1.0, 60_000, 0, 60),  # a job every second: one gate per second of slot_ttl_ms
+        (2.0, 60_000, 2_000, 31),  # the last declaration of a gate may come jitter_ms late
         (3.0, 60_000, 0, 20),
-        ("* * * * *", 300_000, 10_000, 5),  # one a minute: 5 or 6 in 310 s, depending on the phase
-        ("0 * * * *", 300_000, 10_000, 0),  # hourly, and the window ends before the next hour
-        ("*/5 * * * * *", 60_000, 10_000, 14),  # six-field cron, every 5 s
-        ("* * * * * *", 300_000, 10_000, 310),  # every second: extrapolated from its first 64
+        ("* * * * *", 300_000, 0, 5),
+        ("0 * * * *", 300_000, 0, 1),  # hourly: one at a time, whenever the scheduler starts
+        ("0,1,2 * * * *", 300_000, 0, 3),  # at their busiest: three together, at :00-:02
+        ("0 9 * * 1-5", 300_000, 0, 1),
+        ("*/5 * * * * *", 60_000, 0, 12),  # six-field cron, every 5 s
+        ("* * * * * *", 300_000, 0, 300),  # every second: extrapolated from its first 64
     ],
 )
-def test_live_gates_counts_the_runs_of_one_gate_lifetime(schedule: Any, ttl: int, lead: int, expected: int) -> None:
+def test_live_gates_counts_a_gate_lifetime_at_its_busiest(schedule: Any, ttl: int, jitter: int, expected: int) -> None:
     from anarchon_celery.jobs import live_gates
 
-    app = make_app(beat_schedule={"j": entry(schedule=schedule, jitter_ms=0, max_late_ms=1_000)})
-    now = 1_800_000_000_000 + 1  # just after 08:00:00 UTC: no hourly run in the next few minutes
-    got = live_gates(jobs_of(app).values(), ttl, lead, now)
-    assert got == expected or (isinstance(schedule, str) and schedule == "* * * * *" and got == 6)
+    app = make_app(beat_schedule={"j": entry(schedule=schedule, jitter_ms=jitter, max_late_ms=1_000)})
+    job = jobs_of(app)["j"]
+    for now in (1_800_000_000_000 + 1, 1_800_000_000_000 + 1_800_000):  # 08:00:00.001 and 08:30 UTC
+        assert live_gates([job], ttl, now) == expected
+    assert live_gates([job] * 3, ttl, now) == 3 * expected
 
 
 @settings(max_examples=60, deadline=None)
@@ -387,12 +391,38 @@ def test_live_gates_counts_the_runs_of_one_gate_lifetime(schedule: Any, ttl: int
     ttl_s=st.integers(20, 3_600),
     now=st.integers(1_600_000_000_000, 1_900_000_000_000),
 )
-def test_live_gates_is_close_to_the_runs_counted_one_by_one(minutes: set[int], ttl_s: int, now: int) -> None:
+def test_live_gates_is_the_most_runs_of_any_gate_lifetime(minutes: set[int], ttl_s: int, now: int) -> None:
     from anarchon_celery.jobs import live_gates
 
     spec = f"{','.join(map(str, sorted(minutes)))} * * * *"
     app = make_app(beat_schedule={"j": entry(schedule=spec, jitter_ms=0, max_late_ms=1_000)})
     job = jobs_of(app, slot_ttl_ms=ttl_s * 1000 + 1)["j"]
-    window = ttl_s * 1000
-    exact = sum(1 for _ in job.schedule.slots(now + 1, now + window + 1))
-    assert live_gates([job, job], ttl_s * 1000, 0, now) == 2 * exact  # at most 61 runs: counted, not sampled
+    # Counted one window per minute over the hour and a bit that the first 64 slots cover, at
+    # most: the busiest window starts at a slot, and every hour repeats the same minutes.
+    starts = list(job.schedule.slots(now + 1, now + 3_600_000 + 1))
+    busiest = max(sum(1 for _ in job.schedule.slots(s, s + ttl_s * 1000)) for s in starts)
+    assert live_gates([job], ttl_s * 1000, now) == busiest
+
+
+def test_the_memory_backend_is_not_warned_about_broker_files(caplog: pytest.LogCaptureFixture) -> None:
+    from anarchon_celery import Scheduler
+
+    app = make_app(beat_schedule={f"j{n}": entry(schedule=1.0) for n in range(20)}, anarchon_slot_ttl_ms=300_000)
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    Scheduler(app).close()  # 20 jobs every second: about 6,000 gates, on RabbitMQ
+    assert "anarchon: ready as" in caplog.text
+    assert "gate queues" not in caplog.text
+
+
+@pytest.mark.parametrize("lead_ms", [0, 1, 3, 400, 999, 1000, 1500, 2_750, 10_000, 10_500])
+def test_gates_are_never_declared_earlier_than_lead_ms_and_away_from_whole_seconds(lead_ms: int) -> None:
+    from anarchon_celery import Scheduler
+
+    app = make_app(beat_schedule={"j": entry(schedule=1.0)}, anarchon_lead_ms=lead_ms)
+    for _ in range(20):
+        scheduler = Scheduler(app)
+        phase = scheduler.prepare_phase_ms
+        assert 0 <= phase < max(1, lead_ms)  # declared lead_ms - phase before the run: never earlier
+        if lead_ms >= 1000:  # a run on a whole second gets its gate a quarter to three quarters into one
+            assert 250 <= (phase - lead_ms) % 1000 <= 750
+        scheduler.close()

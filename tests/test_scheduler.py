@@ -178,6 +178,8 @@ def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock,
     assert 250 <= phase <= 750
     clock.now = T0 + 49_000
     assert scheduler.tick() * 1000 == pytest.approx(1000 + phase)  # wakes up for the gate, ~10 s before the run
+    clock.now = T0 + 50_000 + phase - 1
+    scheduler.tick()
     assert not gate_exists(broker_url, gate)
     clock.now = T0 + 50_000 + phase
     assert scheduler.tick() * 1000 == pytest.approx(10_000 - phase)  # declared; next: the claim
@@ -277,14 +279,21 @@ def test_a_job_with_history_size_0_keeps_no_history(app: Celery, clock: Clock, b
         conn.default_channel.queue_declare(f"{prefix}quiet.history", passive=True)  # no stream was made
 
 
-@pytest.mark.parametrize("jobs, warned", [(7, False), (8, True)])
-def test_more_live_gates_than_a_broker_holds_files_for_is_warned_at_start(
-    app: Celery, clock: Clock, prefix: str, caplog: pytest.LogCaptureFixture, jobs: int, warned: bool
+@pytest.mark.parametrize(
+    "jobs, history_size, warned",
+    [
+        (8, 0, False),  # every second, jitter 300 ms: 61 gates each within slot_ttl_ms 60 s; 488
+        (9, 0, True),  # 549
+        (8, 5, True),  # 488 + two files per history stream: 504
+    ],
+)
+def test_more_live_queues_than_a_broker_holds_files_for_is_warned_at_start(
+    app: Celery, clock: Clock, caplog: pytest.LogCaptureFixture, jobs: int, history_size: int, warned: bool
 ) -> None:
-    app.conf.anarchon_backend = MemoryBackend(prefix=prefix, slot_ttl_ms=60_000)
+    app.conf.anarchon_history_size = history_size
     app.conf.beat_schedule = {f"j{n}": {"task": "tasks.work", "schedule": 1.0} for n in range(jobs)}
     caplog.set_level(logging.INFO, logger="anarchon_celery")
-    Scheduler(app).close()  # every second, a gate lives 60 s + lead 10 s: 70 per job
-    warning = f"these jobs keep about {jobs * 70} gate queues alive at once"
+    Scheduler(app).close()
+    warning = f"these jobs keep up to about {jobs * 61} gate queues (slot_ttl_ms 60000) and "
     assert (warning in caplog.text) is warned
     assert "anarchon: ready as" in caplog.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,9 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
         """Try to take each claim for ``instance``; one outcome per claim, in order.
 
         A claim whose ``deadline_ms`` has passed before it could be made is ``UNDECIDED``.
@@ -92,6 +94,10 @@ class Backend(abc.ABC):
         caller ever gets ``WON`` for a given (job, slot) while the backend remembers it
         (``slot_ttl_ms``). Claims due at the same moment should be passed together, so that a
         backend can take them in one round trip.
+
+        ``on_won``, if given, may be called with each claim as soon as it is known to be won
+        (its outcome is then ``WON``), before the others are answered, so that its task can be
+        sent at once. It must not raise.
         """
 
     def prepare(self, claims: Sequence[Claim]) -> None:

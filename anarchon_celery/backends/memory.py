@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import clock
@@ -32,7 +32,9 @@ class MemoryBackend(Backend):
     def open(self) -> None:
         pass
 
-    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
         now = time.monotonic()
         now_ms = clock.now_ms()
         outcomes = []
@@ -47,6 +49,10 @@ class MemoryBackend(Backend):
                 else:
                     self._taken[key] = (instance, now + self.slot_ttl_ms / 1000)
                     outcomes.append(Outcome.WON)
+        if on_won is not None:
+            for claim, outcome in zip(claims, outcomes):
+                if outcome is Outcome.WON:
+                    on_won(claim)
         return outcomes
 
     def holder(self, job: str, slot: int) -> str | None:

@@ -137,6 +137,7 @@ class _Confirms:
         self.pending: dict[int, str] = {}
         self.answers: dict[str, Outcome] = {}
         self.returned: set[str] = set()
+        self.won: list[str] = []  # gates answered WON since the caller last took them
         self.dead = False
         self.channel.events["basic_ack"].add(self._on_ack)
         self.channel.events["basic_nack"].add(self._on_nack)
@@ -176,6 +177,8 @@ class _Confirms:
                 self.answers[gate] = Outcome.UNDECIDED
             else:
                 self.answers[gate] = outcome
+                if outcome is Outcome.WON:
+                    self.won.append(gate)
 
 
 class RabbitMQBackend(Backend):
@@ -333,7 +336,9 @@ class RabbitMQBackend(Backend):
             if ok:
                 self._ready[gate] = now
 
-    def claim(self, claims: Sequence[Claim], instance: str) -> list[Outcome]:
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
         """Claim runs; see :meth:`Backend.claim`.
 
         Reconnecting is bounded by the claims' deadlines; a claim is never published after its
@@ -348,14 +353,22 @@ class RabbitMQBackend(Backend):
         outcomes: dict[str, Outcome] = {}
         pending = [(claim, gate_name(self.prefix, claim.job, claim.slot)) for claim in claims]
         for attempt in range(1 + self.claim_retries):
-            unanswered = self._claim_once(pending, instance, outcomes, last=attempt == self.claim_retries)
+            unanswered = self._claim_once(
+                pending, instance, outcomes, last=attempt == self.claim_retries, on_won=on_won
+            )
             pending = [(c, g) for c, g in pending if g in unanswered]
             if not pending:
                 break
         return [outcomes[gate_name(self.prefix, c.job, c.slot)] for c in claims]
 
     def _claim_once(
-        self, claims: list[tuple[Claim, str]], instance: str, outcomes: dict[str, Outcome], *, last: bool
+        self,
+        claims: list[tuple[Claim, str]],
+        instance: str,
+        outcomes: dict[str, Outcome],
+        *,
+        last: bool,
+        on_won: Callable[[Claim], None] | None = None,
     ) -> set[str]:
         """One round of :meth:`claim`; returns the gates whose claim may be made again."""
         claims = self._within_deadline(claims, outcomes, "before connecting")
@@ -400,7 +413,7 @@ class RabbitMQBackend(Backend):
         to_publish = self._within_deadline(gated, outcomes, "when the claim was ready")
         if not to_publish:
             return set()
-        return self._publish(raw, to_publish, instance, outcomes, last=last)
+        return self._publish(raw, to_publish, instance, outcomes, last=last, on_won=on_won)
 
     @staticmethod
     def _within_deadline(
@@ -432,10 +445,27 @@ class RabbitMQBackend(Backend):
         outcomes: dict[str, Outcome],
         *,
         last: bool,
+        on_won: Callable[[Claim], None] | None = None,
     ) -> set[str]:
-        """Publish the claims and wait for their answers; returns the gates left unanswered."""
+        """Publish the claims and wait for their answers; returns the gates left unanswered.
+        ``on_won`` hears of each win as its answer is read (outside py-amqp's event dispatch)."""
         confirms = self._confirms
         failure: BaseException | None = None
+        by_gate = {gate: claim for claim, gate in claims}
+
+        def report_wins() -> None:
+            if confirms is None:
+                return
+            gates, confirms.won = confirms.won, []
+            for gate in gates:
+                claim = by_gate.get(gate)
+                if claim is None or on_won is None:
+                    continue
+                try:
+                    on_won(claim)
+                except Exception:  # not the broker's doing: the claim is won all the same
+                    logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
+
         try:
             if confirms is None:
                 confirms = self._confirms = _Confirms(raw)
@@ -451,11 +481,13 @@ class RabbitMQBackend(Backend):
                 if remaining <= 0:
                     raise TimeoutError(f"no confirm within {self.confirm_timeout}s")
                 raw.drain_events(timeout=remaining)
+                report_wins()
         except self._errors() as exc:
             # Never reuse this channel (a late ack on it could pass for a later win), nor, when
             # it is ours, this connection.
             self._discard(connection_lost=not isinstance(exc, TimeoutError))
             failure = exc
+        report_wins()  # answers read before a failure are still wins
         answers = confirms.answers if confirms is not None else {}
         unanswered = set()
         for claim, gate in claims:
