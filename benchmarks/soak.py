@@ -22,7 +22,7 @@ claimed it and not yet sent it is counted apart (``lost_with_killed``), from its
 that mode the gates live longer than the line, so that they can be read at its end; in the others
 they live ``--slot-ttl-ms``, 25 s by default). A broker restart recovers every live gate, and
 RabbitMQ 3.10 holds files open for each while it does: with the 1,024 open files of Debian's
-package, a restart recovering about 900 gates or more hangs its start (see the README's
+package, restarts recovering 1,161 and 1,265 gates hung its start here (see the README's
 footprint section). RabbitMQ also starts each recovered gate's ``x-expires`` again, so in restart
 mode the gates older than ``--slot-ttl-ms`` are deleted before each restart, as they would have
 expired: without that, they would pile up.

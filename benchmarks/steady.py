@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     window = [a for a in tally.arrivals if a["slot"] is not None and start <= a["slot"] < end]
     ours = [a for a in window if a["job"] != "bare"]
     ticks = [a for a in window if a["job"] == "bare"]
-    expected = sum(len(due_jobs(args.jobs, slot)) for slot in range(start, end, 1000))
+    expected = sum(len(due_jobs(args.jobs, slot)) for slot in range(-(-start // 1000) * 1000, end, 1000))
     floor, floor_expected, floor_clean = bare_floor(args) if not args.no_floor else ([], 0, False)
     rows = []
     for name, arrivals, due in (
