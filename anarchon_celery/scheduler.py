@@ -245,13 +245,15 @@ class Scheduler(beat.Scheduler):
         backend = self.backend
         won: dict[tuple[str, int], Outgoing] = {}
 
+        def outgoing(claim: Claim) -> Outgoing:
+            task_id = task_id_for(backend.prefix, claim.job, claim.slot)
+            return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now)
+
         def on_won(claim: Claim) -> None:
             # Written at once, while the other claims are still being answered.
             if (claim.job, claim.slot) in won:
                 return
-            task_id = task_id_for(backend.prefix, claim.job, claim.slot)
-            run = Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now)
-            won[claim.job, claim.slot] = run
+            run = won[claim.job, claim.slot] = outgoing(claim)
             self.sender.write(run)  # never raises: what it could not write, _send() sends
 
         try:
@@ -265,9 +267,7 @@ class Scheduler(beat.Scheduler):
             if outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
-                task_id = task_id_for(backend.prefix, claim.job, claim.slot)
-                deadline = claim.deadline_ms or now
-                runs.append(Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", deadline))
+                runs.append(outgoing(claim))
         return self._send(runs) if runs else []
 
     def _schedule_after(self, job: Job, slot: int, now: int) -> None:

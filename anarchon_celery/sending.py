@@ -112,8 +112,7 @@ class TaskSender:
             self._write(channel, confirms, written.runs, index, written.results, written.strikes)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             written.failure = exc
-            self.close()
-            self.connection.collect()
+            self._drop()
 
     def send(self, runs: Sequence[Outgoing]) -> list[BaseException | None]:
         """One entry per run, in order: None once the broker confirmed its message, else the
@@ -175,6 +174,11 @@ class TaskSender:
     def close(self) -> None:
         """Forget the channel (its connection is the caller's to close)."""
         self._channel = self._confirms = self._raw = None
+
+    def _drop(self) -> None:
+        """Never reuse this channel nor this connection: their state is unknown."""
+        self.close()
+        self.connection.collect()
 
     def _open_channel(self) -> tuple[Any, _TaskConfirms]:
         raw = self.connection.connection
@@ -249,8 +253,7 @@ class TaskSender:
                 self._write(channel, confirms, runs, i, results, strikes)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             failure = exc
-            self.close()
-            self.connection.collect()
+            self._drop()
         return self._settle(confirms, todo, results, failure)
 
     def _settle(
@@ -272,8 +275,7 @@ class TaskSender:
                     self.connection.drain_events(timeout=left)
             except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
                 failure = exc
-                self.close()
-                self.connection.collect()
+                self._drop()
         refused = []
         try:
             for i in todo:

@@ -3,6 +3,7 @@ the connection must fail at a chosen point)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -57,6 +58,32 @@ def queued(broker_url: str, queue: str) -> list[str]:
     return ids
 
 
+@contextlib.contextmanager
+def publishing() -> Iterator[list[str]]:
+    """The task ids Celery publishes meanwhile, in order."""
+    ids: list[str] = []
+
+    def note(headers: Any = None, **_: Any) -> None:
+        ids.append(headers["id"])
+
+    before_task_publish.connect(note, weak=False)
+    try:
+        yield ids
+    finally:
+        before_task_publish.disconnect(note)
+
+
+def full_task_queue(app: Celery, broker_url: str, prefix: str) -> str:
+    """A task queue that holds one message and refuses the next (reject-publish), declared with the
+    same arguments as the app's, since Celery declares it before publishing."""
+    name = f"{prefix}tasks"
+    full = Queue(name, Exchange(name), name, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    app.conf.task_queues = [full]
+    with Connection(broker_url) as conn:
+        full(conn.default_channel).declare()
+    return name
+
+
 @pytest.fixture
 def task_queue(broker_url: str, prefix: str) -> str:
     name = f"{prefix}tasks"
@@ -78,31 +105,22 @@ def test_many_runs_are_sent_at_once_and_confirmed(broker_url: str, prefix: str, 
 
 def test_runs_written_as_they_are_won_are_confirmed_by_send(broker_url: str, prefix: str, task_queue: str) -> None:
     app = make_app(broker_url, prefix)
-    written: list[str] = []
-
-    def note(headers: Any = None, **_: Any) -> None:
-        written.append(headers["id"])
-
-    before_task_publish.connect(note, weak=False)
-    try:
-        with task_connection(app) as connection:
-            sender = TaskSender(app, connection)
-            first = runs(app, 5, clock.now_ms() + 10_000)
-            for run in first:
-                sender.write(run)  # not connected yet: nothing written, send() does it
-            assert written == []
-            assert sender.send(first) == [None] * 5
-            later = [run._replace(task_id=f"later-{n}") for n, run in enumerate(first)]
-            for run in later[:3]:
-                sender.write(run)  # connected now: written at once
-            assert written[5:] == ["later-0", "later-1", "later-2"]
-            assert sender.send(later) == [None] * 5  # the first three confirmed, the other two sent
-            assert written[5:] == [f"later-{n}" for n in range(5)]  # each written once
-            sender.write(first[0])
-            with pytest.raises(ValueError, match="the runs written, in the order written"):
-                sender.send(later)
-    finally:
-        before_task_publish.disconnect(note)
+    with publishing() as written, task_connection(app) as connection:
+        sender = TaskSender(app, connection)
+        first = runs(app, 5, clock.now_ms() + 10_000)
+        for run in first:
+            sender.write(run)  # not connected yet: nothing written, send() does it
+        assert written == []
+        assert sender.send(first) == [None] * 5
+        later = [run._replace(task_id=f"later-{n}") for n, run in enumerate(first)]
+        for run in later[:3]:
+            sender.write(run)  # connected now: written at once
+        assert written[5:] == ["later-0", "later-1", "later-2"]
+        assert sender.send(later) == [None] * 5  # the first three confirmed, the other two sent
+        assert written[5:] == [f"later-{n}" for n in range(5)]  # each written once
+        sender.write(first[0])
+        with pytest.raises(ValueError, match="the runs written, in the order written"):
+            sender.send(later)
     assert sorted(queued(broker_url, task_queue)) == sorted(
         [f"task-{n:03d}" for n in range(5)] + [f"later-{n}" for n in range(5)] + ["task-000"]
     )
@@ -110,27 +128,14 @@ def test_runs_written_as_they_are_won_are_confirmed_by_send(broker_url: str, pre
 
 def test_a_run_written_early_and_refused_is_sent_again_then_fails(broker_url: str, prefix: str) -> None:
     app = make_app(broker_url, prefix)
-    name = f"{prefix}tasks"
-    full = Queue(name, Exchange(name), name, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
-    app.conf.task_queues = [full]
-    with Connection(broker_url) as conn:
-        full(conn.default_channel).declare()
-    published: list[str] = []
-
-    def note(headers: Any = None, **_: Any) -> None:
-        published.append(headers["id"])
-
-    before_task_publish.connect(note, weak=False)
-    try:
-        with task_connection(app) as connection:
-            sender = TaskSender(app, connection)
-            connection.ensure_connection()
-            two = runs(app, 2, clock.now_ms() + 1_200)
-            for run in two:
-                sender.write(run)
-            results = sender.send(two)
-    finally:
-        before_task_publish.disconnect(note)
+    name = full_task_queue(app, broker_url, prefix)
+    with publishing() as published, task_connection(app) as connection:
+        sender = TaskSender(app, connection)
+        connection.ensure_connection()
+        two = runs(app, 2, clock.now_ms() + 1_200)
+        for run in two:
+            sender.write(run)
+        results = sender.send(two)
     assert results[0] is None
     assert isinstance(results[1], MessageNacked), results[1]
     assert published.count("task-001") >= 2  # refused: certainly not queued, so tried again
@@ -174,11 +179,7 @@ def test_confirms_are_matched_to_runs_when_celery_publishes_more_than_the_tasks(
     app = make_app(broker_url, prefix)
     app.conf.task_send_sent_event = True
     app.conf.event_exchange = f"{prefix}events"
-    name = f"{prefix}tasks"
-    full = Queue(name, Exchange(name), name, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
-    app.conf.task_queues = [full]  # Celery declares the task queue: with the same arguments
-    with Connection(broker_url) as conn:
-        full(conn.default_channel).declare()
+    name = full_task_queue(app, broker_url, prefix)
     with task_connection(app) as connection:
         results = TaskSender(app, connection).send(runs(app, 2, clock.now_ms() + 1_500))
     assert results[0] is None
