@@ -287,6 +287,7 @@ def test_a_batch_of_claims_is_declared_pipelined_with_every_rule_of_one_claim(
 def test_gates_prepared_ahead_are_claimed_without_declaring_them_again(broker_url: str, prefix: str) -> None:
     a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
     a.prepare([Claim("j", n) for n in range(20)])
+    a.await_prepared(10)
     with Connection(broker_url) as conn:
         # The gates exist before their claims, and are empty.
         for n in range(20):
@@ -303,13 +304,60 @@ def test_gates_prepared_ahead_are_claimed_without_declaring_them_again(broker_ur
     b.close()
 
 
-def test_prepare_is_best_effort(proxy: Proxy, prefix: str) -> None:
+def test_prepare_does_not_wait_for_the_broker(
+    proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
     backend.open()
+    backend.prepare([Claim("j", 1)])
+    backend.await_prepared(10)  # its connection is up
     proxy.stall()
-    backend.prepare([Claim("j", 1)])  # no answer: logged, not raised
+    backend.prepare([Claim("j", n) for n in range(2, 6)])  # written; the answers are held
+    backend.maintain()  # and not waited for either
     proxy.resume()
-    assert backend.claim([Claim("j", 1)], "me") == [Outcome.WON]  # the claim declared its gate itself
+    assert "not declared ahead" not in caplog.text
+    backend.await_prepared(10)
+    with Connection(broker_url) as conn:
+        conn.default_channel.queue_delete(gate_name(prefix, "j", 3))  # by hand, after its declare
+    # Answered while stalled, taken in afterwards: the claims do not declare those gates again.
+    assert backend.claim([Claim("j", n) for n in range(1, 6)], "me") == [
+        Outcome.UNDECIDED if n == 3 else Outcome.WON for n in range(1, 6)
+    ]
+    backend.close()
+
+
+def test_a_bad_gate_among_prepared_ones_costs_only_its_own_run(broker_url: str, prefix: str) -> None:
+    with Connection(broker_url) as conn:
+        conn.default_channel.queue_declare(gate_name(prefix, "j", 3), durable=True, auto_delete=False)  # not a gate
+    backend = rabbit(broker_url, prefix)
+    claims = [Claim("j", n) for n in range(8)]
+    backend.prepare(claims)  # the broker closes the channel at gate 3: the declares after it are dropped
+    backend.await_prepared(10)
+    backend.prepare([Claim("j", 9)])  # on a new channel
+    backend.await_prepared(10)
+    assert backend.claim([*claims, Claim("j", 9)], "me") == [
+        Outcome.BAD_GATE if n == 3 else Outcome.WON for n in [*range(8), 9]
+    ]
+    backend.close()
+
+
+def test_prepare_recovers_from_a_lost_connection(
+    proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="anarchon_celery")
+    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    backend.open()
+    backend.prepare([Claim("j", 1)])
+    backend.await_prepared(10)
+    proxy.cut()  # every connection, the backend's and the one of its declares ahead
+    backend.prepare([Claim("j", 2)])
+    backend.await_prepared(5)
+    assert "not declared ahead" in caplog.text
+    assert backend.claim([Claim("j", 1), Claim("j", 2)], "me") == [Outcome.WON, Outcome.WON]
+    backend.prepare([Claim("j", 3)])  # on a new connection
+    backend.await_prepared(10)
+    with Connection(broker_url) as conn:
+        assert conn.default_channel.queue_declare(gate_name(prefix, "j", 3), passive=True).message_count == 0
     backend.close()
 
 

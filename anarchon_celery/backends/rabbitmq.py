@@ -23,6 +23,7 @@ import socket
 import struct
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,6 +182,72 @@ class _Confirms:
                     self.won.append(gate)
 
 
+class _Preparer:
+    """Declares gates ahead of their claims on a connection of its own, without waiting for the
+    answers: creating a durable queue is the slowest thing the broker does for a run (a few
+    milliseconds each, one after the other, and slower while it deletes expired gates), and the
+    claims of other runs must not queue up behind it. The answers are read, without blocking,
+    whenever the backend passes by (:meth:`collect`); a gate whose answer has not come yet is
+    simply declared by its claim.
+    """
+
+    def __init__(self, connection: Connection, arguments: dict[str, Any], timeout: float) -> None:
+        self.connection = connection
+        self.arguments = arguments
+        self.timeout = timeout
+        self.channel: amqp.Channel | None = None
+        self.in_flight: deque[tuple[str, float]] = deque()  # gates declared, unanswered, in order
+
+    def declare(self, gates: Sequence[str]) -> None:
+        """Write the gates' declares (connecting first if needed); raises the connection's errors."""
+        if self.channel is None or not self.channel.is_open:
+            self.in_flight.clear()  # the answers of an earlier channel are not coming
+            self.connection.ensure_connection(max_retries=1)
+            self.channel = self.connection.connection.channel()
+        now = time.monotonic()
+        for gate in gates:
+            # Not nowait: a declare with nowait does not renew x-expires. The fields as in
+            # RabbitMQBackend._declare_gates.
+            fields = (0, gate, False, True, False, False, False, self.arguments)
+            self.channel.send_method(spec.Queue.Declare, "BsbbbbbF", fields)
+            self.in_flight.append((gate, now))
+
+    def collect(self, timeout: float = 0) -> list[str]:
+        """The gates whose declare the broker has answered since the last call, waiting at most
+        ``timeout`` seconds for them all. A gate the broker objects to (not a gate, refused)
+        closes the channel, and the declares written after it with it: those are forgotten, their
+        claims declare them and report what is wrong. Raises the connection's errors, and
+        TimeoutError when the oldest declare is unanswered after the backend's timeout."""
+        done: list[str] = []
+        until = time.monotonic() + timeout
+        while self.in_flight and self.channel is not None:
+            try:
+                self.channel.wait(spec.Queue.DeclareOk, timeout=max(0.0, until - time.monotonic()))
+            except TimeoutError:
+                if time.monotonic() - self.in_flight[0][1] > self.timeout:
+                    raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s") from None
+                break
+            except amqp.exceptions.ChannelError:
+                self.channel = None
+                self.in_flight.clear()
+                break
+            done.append(self.in_flight.popleft()[0])
+        return done
+
+    def close(self, *, broken: bool = False) -> None:
+        """Close the connection; a ``broken`` one is only dropped (nothing more is sent on it)."""
+        self.in_flight.clear()
+        self.channel = None
+        if broken:
+            _abort(self.connection)
+            self.connection.collect()
+            return
+        try:
+            self.connection.release()
+        except Exception:  # noqa: BLE001 - closing is best effort; the socket goes anyway
+            self.connection.collect()
+
+
 class RabbitMQBackend(Backend):
     """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
 
@@ -238,6 +305,7 @@ class RabbitMQBackend(Backend):
         # Gates declared ahead of their claim by prepare(), with when: they live on the broker
         # (durable, slot_ttl_ms from that declaration), whatever happens to the connection.
         self._ready: dict[str, float] = {}
+        self._preparer: _Preparer | None = None
         self._opened = False
         self._outage_since: float | None = None
 
@@ -284,6 +352,9 @@ class RabbitMQBackend(Backend):
         self._recorder = None
         self._streams.clear()
         self._ready.clear()
+        if self._preparer is not None:
+            self._preparer.close()
+            self._preparer = None
 
     def describe(self) -> str:
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
@@ -295,6 +366,7 @@ class RabbitMQBackend(Backend):
     def maintain(self) -> None:
         if not self._opened:
             return
+        self.await_prepared()
         try:
             keep_alive(self.connection)
         except amqp.exceptions.ChannelError as exc:
@@ -308,33 +380,58 @@ class RabbitMQBackend(Backend):
     # -- the claim ----------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[Claim]) -> None:
-        """Declare the gates of runs due shortly, all at once, so that their claims are only a
-        publish. A gate counts its ``x-expires`` from this declaration: the scheduler's lead
-        is part of the safety rule. Best effort: a gate not made here is declared by its claim."""
+        """Declare the gates of runs due shortly, so that their claims are only a publish. A gate
+        counts its ``x-expires`` from this declaration: the scheduler's lead is part of the safety
+        rule. The declares go out on a connection of their own and are not waited for (see
+        :class:`_Preparer`): they never hold a claim up. Best effort: a gate not made here, or
+        not answered yet, is declared by its claim."""
         if not claims or self._outage_since is not None:
             return  # while RabbitMQ is away, the claims alone try to reach it (bounded by deadlines)
+        self.await_prepared()
         now = time.monotonic()
         for gate in [g for g, at in self._ready.items() if now - at > self.slot_ttl_ms / 1000]:
             del self._ready[gate]  # a run that was never claimed (skipped, or the instance stopping)
+        preparer = self._preparer
+        in_flight = {gate for gate, _ in preparer.in_flight} if preparer is not None else set()
         named = dict.fromkeys(gate_name(self.prefix, claim.job, claim.slot) for claim in claims)
-        gates = [gate for gate in named if gate not in self._ready]
+        gates = [gate for gate in named if gate not in self._ready and gate not in in_flight]
         if not gates:
             return
+        if preparer is None:
+            # heartbeat 0: between declares the connection sits unread, with nothing to answer.
+            connection = self.connection.clone(heartbeat=0)
+            preparer = self._preparer = _Preparer(connection, gate_arguments(self.slot_ttl_ms), self.confirm_timeout)
         try:
-            self._connect(self.confirm_timeout)
-            usable = self._declare_gates(gates)
+            preparer.declare(gates)
         except self._errors() as exc:
-            self._discard(connection_lost=True)
-            logger.info(
-                "anarchon: %d gate(s) not declared ahead (%s: %s); their claims declare them",
-                len(gates),
-                type(exc).__name__,
-                exc,
-            )
+            self._drop_preparer(exc)
+
+    def await_prepared(self, timeout: float = 0) -> None:
+        """Take in the broker's answers to the declares of :meth:`prepare`, waiting at most
+        ``timeout`` seconds for them all (0: only those already here)."""
+        preparer = self._preparer
+        if preparer is None:
             return
-        for gate, ok in zip(gates, usable):
-            if ok:
-                self._ready[gate] = now
+        try:
+            declared = preparer.collect(timeout)
+        except self._errors() as exc:
+            self._drop_preparer(exc)
+            return
+        now = time.monotonic()
+        for gate in declared:
+            self._ready[gate] = now
+
+    def _drop_preparer(self, exc: BaseException) -> None:
+        preparer, self._preparer = self._preparer, None
+        if preparer is None:
+            return
+        logger.info(
+            "anarchon: %d gate(s) not declared ahead (%s: %s); their claims declare them",
+            len(preparer.in_flight),
+            type(exc).__name__,
+            exc,
+        )
+        preparer.close(broken=True)
 
     def claim(
         self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
@@ -350,6 +447,7 @@ class RabbitMQBackend(Backend):
         the new one is nacked (the run is then lost, never doubled); if it did not, the gate is
         still empty and the run is won a little late instead of lost.
         """
+        self.await_prepared()  # the gates declared ahead meanwhile are not declared again
         outcomes: dict[str, Outcome] = {}
         pending = [(claim, gate_name(self.prefix, claim.job, claim.slot)) for claim in claims]
         for attempt in range(1 + self.claim_retries):
