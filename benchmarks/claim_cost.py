@@ -4,8 +4,8 @@
 
 Each round makes three winning claims on new gates, in turn, so that all three see the same
 broker: the library's ``RabbitMQBackend.claim`` (declare the gate, publish the claim, wait for its
-confirm), the same with the gate declared ahead by ``prepare`` (what the scheduler does with
-``anarchon_lead_ms``; only the claim is timed), and the bare protocol with raw py-amqp (a durable
+confirm), the same with the gate declared ahead by ``prepare`` and its answer read (what the scheduler
+does with ``anarchon_lead_ms``; only the claim is timed), and the bare protocol with raw py-amqp (a durable
 queue declare, then a persistent, mandatory, confirmed publish). It prints the median and p99 of
 each and the library's ratio to the bare protocol.
 """
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             assert outcome.value == "won", outcome
 
             backend.prepare([Claim("ahead", n)])
+            backend.await_prepared(5)  # the scheduler declares lead_ms ahead: answered long before the slot
             started = time.perf_counter()
             outcome = backend.claim([Claim("ahead", n)], "bench")[0]
             ahead = time.perf_counter() - started
