@@ -242,9 +242,8 @@ class Scheduler(beat.Scheduler):
         try:
             return self._claim(claims, now) if claims else []
         finally:
-            after = clock.now_ms()
             for item in due:
-                self._schedule_after(self.jobs[item.job], item.slot, after)
+                self._schedule_after(self.jobs[item.job], item.slot, now)
 
     def _claim(self, claims: list[Claim], now: int) -> list[tuple[Outgoing, int]]:
         assert self.backend is not None

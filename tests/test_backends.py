@@ -15,7 +15,7 @@ import pytest
 from kombu import Connection
 
 from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
-from anarchon_celery.backends import Backend
+from anarchon_celery.backends import Backend, rabbitmq
 from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name, history_arguments, history_name
 from anarchon_celery.history import encode_event, fold
 
@@ -307,6 +307,7 @@ def test_gates_prepared_ahead_are_claimed_without_declaring_them_again(broker_ur
 def test_prepare_does_not_wait_for_the_broker(
     proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("INFO", logger="anarchon_celery")
     backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
     backend.open()
     backend.prepare([Claim("j", 1)])
@@ -331,20 +332,26 @@ def test_a_bad_gate_among_prepared_ones_costs_only_its_own_run(broker_url: str, 
         conn.default_channel.queue_declare(gate_name(prefix, "j", 3), durable=True, auto_delete=False)  # not a gate
     backend = rabbit(broker_url, prefix)
     claims = [Claim("j", n) for n in range(8)]
-    backend.prepare(claims)  # the broker closes the channel at gate 3: the declares after it are dropped
+    # The broker closes the channel at gate 3, dropping the declares after it: they are written again.
+    backend.prepare(claims)
     backend.await_prepared(10)
-    backend.prepare([Claim("j", 9)])  # on a new channel
+    backend.prepare([Claim("j", 9)])
     backend.await_prepared(10)
+    with Connection(broker_url) as conn:
+        for n in [4, 5, 6, 7, 9]:
+            assert conn.default_channel.queue_declare(gate_name(prefix, "j", n), passive=True).message_count == 0
+        conn.default_channel.queue_delete(gate_name(prefix, "j", 6))  # by hand: its claim must not declare it
     assert backend.claim([*claims, Claim("j", 9)], "me") == [
-        Outcome.BAD_GATE if n == 3 else Outcome.WON for n in [*range(8), 9]
+        {3: Outcome.BAD_GATE, 6: Outcome.UNDECIDED}.get(n, Outcome.WON) for n in [*range(8), 9]
     ]
     backend.close()
 
 
 def test_prepare_recovers_from_a_lost_connection(
-    proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level("INFO", logger="anarchon_celery")
+    monkeypatch.setattr(rabbitmq, "PREPARE_BACKOFF", 1.0)
     backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
     backend.open()
     backend.prepare([Claim("j", 1)])
@@ -353,8 +360,13 @@ def test_prepare_recovers_from_a_lost_connection(
     backend.prepare([Claim("j", 2)])
     backend.await_prepared(5)
     assert "not declared ahead" in caplog.text
+    backend.prepare([Claim("j", 3)])  # not at once (PREPARE_BACKOFF): the claims declare their gates meanwhile
+    backend.await_prepared(10)
+    with Connection(broker_url) as conn, pytest.raises(Exception, match="NOT_FOUND"):
+        conn.default_channel.queue_declare(gate_name(prefix, "j", 3), passive=True)
     assert backend.claim([Claim("j", 1), Claim("j", 2)], "me") == [Outcome.WON, Outcome.WON]
-    backend.prepare([Claim("j", 3)])  # on a new connection
+    time.sleep(1.1)
+    backend.prepare([Claim("j", 3)])  # after the pause: on a new connection
     backend.await_prepared(10)
     with Connection(broker_url) as conn:
         assert conn.default_channel.queue_declare(gate_name(prefix, "j", 3), passive=True).message_count == 0

@@ -183,6 +183,7 @@ def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock,
     assert not gate_exists(broker_url, gate)
     clock.now = T0 + 50_000 + phase
     assert scheduler.tick() * 1000 == pytest.approx(10_000 - phase)  # declared; next: the claim
+    scheduler.backend.await_prepared(10)  # the declare is written, its answer read later
     assert gate_exists(broker_url, gate)
     clock.now = T0 + 60_000
     scheduler.tick()

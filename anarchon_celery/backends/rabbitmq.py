@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import re
+import select
 import socket
 import struct
 import time
@@ -51,6 +52,10 @@ _VALUE = re.compile(r"'([^']*)'")
 
 
 DEFAULT_CONFIRM_TIMEOUT = 5.0
+#: Seconds a read of answers already arriving may wait for the rest of them.
+READ_SLICE = 0.05
+#: Seconds without declares ahead after their connection failed (the claims declare meanwhile).
+PREPARE_BACKOFF = 5.0
 
 
 def _own_connection_options(confirm_timeout: float) -> dict[str, Any]:
@@ -202,7 +207,7 @@ class _Preparer:
         """Write the gates' declares (connecting first if needed); raises the connection's errors."""
         if self.channel is None or not self.channel.is_open:
             self.in_flight.clear()  # the answers of an earlier channel are not coming
-            self.connection.ensure_connection(max_retries=1)
+            self.connection.ensure_connection(max_retries=0)  # one attempt: the claims declare meanwhile
             self.channel = self.connection.connection.channel()
         now = time.monotonic()
         for gate in gates:
@@ -214,25 +219,60 @@ class _Preparer:
 
     def collect(self, timeout: float = 0) -> list[str]:
         """The gates whose declare the broker has answered since the last call, waiting at most
-        ``timeout`` seconds for them all. A gate the broker objects to (not a gate, refused)
-        closes the channel, and the declares written after it with it: those are forgotten, their
-        claims declare them and report what is wrong. Raises the connection's errors, and
-        TimeoutError when the oldest declare is unanswered after the backend's timeout."""
+        ``timeout`` seconds for them all. Raises the connection's errors, and TimeoutError when
+        the oldest declare is unanswered after the backend's timeout.
+
+        A gate the broker objects to (not a gate, or refused) closes the channel, and the
+        declares written after it are dropped with it: that gate is left to its claim (which
+        adopts it or reports what is wrong), the others are written again on the channel py-amqp
+        reopens."""
         done: list[str] = []
         until = time.monotonic() + timeout
         while self.in_flight and self.channel is not None:
-            try:
-                self.channel.wait(spec.Queue.DeclareOk, timeout=max(0.0, until - time.monotonic()))
-            except TimeoutError:
+            left = until - time.monotonic()
+            if left <= 0 and not self._readable():
                 if time.monotonic() - self.in_flight[0][1] > self.timeout:
-                    raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s") from None
+                    raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s")
                 break
+            try:
+                # A bounded wait even when data is there: at timeout 0, py-amqp would spin until
+                # the rest of a frame it has begun to read arrives.
+                name = self.channel.wait(spec.Queue.DeclareOk, timeout=max(left, READ_SLICE))
+            except TimeoutError:
+                if not self.channel.is_open:  # closed by the broker, and not reopened
+                    self.channel = None
+                elif until - time.monotonic() <= 0:
+                    if time.monotonic() - self.in_flight[0][1] > self.timeout:
+                        raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s") from None
+                    break
+                continue
             except amqp.exceptions.ChannelError:
-                self.channel = None
+                again = [gate for gate, _ in list(self.in_flight)[1:]]
                 self.in_flight.clear()
-                break
-            done.append(self.in_flight.popleft()[0])
+                if self.channel.is_open and again:
+                    self.declare(again)
+                continue
+            gate, _ = self.in_flight.popleft()
+            if _text(name) != gate:  # answers come in order: a mismatch means we lost track
+                raise amqp.exceptions.RecoverableConnectionError(
+                    f"the broker answered the declare of {_text(name)!r} where {gate!r} was expected"
+                )
+            done.append(gate)
         return done
+
+    def _readable(self) -> bool:
+        """Whether an answer (or part of one) is waiting to be read."""
+        raw = self.channel.connection if self.channel is not None else None
+        transport = getattr(raw, "transport", None)
+        if transport is None:
+            return False
+        if getattr(transport, "_read_buffer", None):  # py-amqp keeps part of a frame read earlier
+            return True
+        sock = transport.sock
+        pending = getattr(sock, "pending", None)  # TLS: decrypted bytes not read yet
+        if pending is not None and pending():
+            return True
+        return bool(select.select([sock], [], [], 0)[0])
 
     def close(self, *, broken: bool = False) -> None:
         """Close the connection; a ``broken`` one is only dropped (nothing more is sent on it)."""
@@ -306,6 +346,7 @@ class RabbitMQBackend(Backend):
         # (durable, slot_ttl_ms from that declaration), whatever happens to the connection.
         self._ready: dict[str, float] = {}
         self._preparer: _Preparer | None = None
+        self._prepare_after = 0.0  # monotonic: no new connection for prepare() before then
         self._opened = False
         self._outage_since: float | None = None
 
@@ -398,6 +439,8 @@ class RabbitMQBackend(Backend):
         if not gates:
             return
         if preparer is None:
+            if now < self._prepare_after:
+                return  # the last attempt failed a moment ago: the claims declare their gates
             # heartbeat 0: between declares the connection sits unread, with nothing to answer.
             connection = self.connection.clone(heartbeat=0)
             preparer = self._preparer = _Preparer(connection, gate_arguments(self.slot_ttl_ms), self.confirm_timeout)
@@ -425,6 +468,7 @@ class RabbitMQBackend(Backend):
         preparer, self._preparer = self._preparer, None
         if preparer is None:
             return
+        self._prepare_after = time.monotonic() + PREPARE_BACKOFF
         logger.info(
             "anarchon: %d gate(s) not declared ahead (%s: %s); their claims declare them",
             len(preparer.in_flight),
