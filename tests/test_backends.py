@@ -80,6 +80,19 @@ def test_each_win_is_reported_once_as_it_is_known(make_backend: Any) -> None:
         assert b.claim([Claim("w", 3)], "b") == [Outcome.WON]  # and the connection goes on
 
 
+def test_a_slow_listener_does_not_turn_wins_into_timeouts(broker_url: str, prefix: str) -> None:
+    # Writing the tasks of the wins read so far takes our time, not the broker's: answers that
+    # arrive meanwhile are still read, however long the listener took in all.
+    backend = rabbit(broker_url, prefix, confirm_timeout=1.0)
+    claims = [Claim("slow", n) for n in range(40)]
+
+    def slow(claim: Claim) -> None:
+        time.sleep(0.05)  # 40 of them: 2 s, twice the confirm timeout
+
+    assert backend.claim(claims, "me", on_won=slow) == [Outcome.WON] * 40
+    backend.close()
+
+
 def test_a_claim_past_its_deadline_is_never_made(make_backend: Any) -> None:
     backend = make_backend()
     now = clock.now_ms()

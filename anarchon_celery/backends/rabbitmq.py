@@ -595,9 +595,11 @@ class RabbitMQBackend(Backend):
         failure: BaseException | None = None
         by_gate = {gate: claim for claim, gate in claims}
 
-        def report_wins() -> None:
-            if confirms is None:
-                return
+        def report_wins() -> float:
+            """Tell ``on_won`` of the wins read; returns the seconds that took."""
+            if confirms is None or not confirms.won:
+                return 0.0
+            started = time.monotonic()
             gates, confirms.won = confirms.won, []
             for gate in gates:
                 claim = by_gate.get(gate)
@@ -607,6 +609,7 @@ class RabbitMQBackend(Backend):
                     on_won(claim)
                 except Exception:  # not the broker's doing: the claim is won all the same
                     logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
+            return time.monotonic() - started
 
         try:
             if confirms is None:
@@ -623,7 +626,9 @@ class RabbitMQBackend(Backend):
                 if remaining <= 0:
                     raise TimeoutError(f"no confirm within {self.confirm_timeout}s")
                 raw.drain_events(timeout=remaining)
-                report_wins()
+                # The time on_won takes (writing tasks) is ours, not the broker's: it does not
+                # count against confirm_timeout, or answers already here would be taken for lost.
+                deadline += report_wins()
         except self._errors() as exc:
             # Never reuse this channel (a late ack on it could pass for a later win), nor, when
             # it is ours, this connection.
