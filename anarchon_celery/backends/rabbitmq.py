@@ -187,6 +187,14 @@ class _Confirms:
                     self.won.append(gate)
 
 
+def _write_declare(channel: amqp.Channel, gate: str, arguments: dict[str, Any]) -> None:
+    """Write a gate's declare without waiting for its answer (the broker answers a channel's
+    methods in order)."""
+    # queue.declare's fields: ticket, queue, passive, durable, exclusive, auto_delete, nowait,
+    # arguments. Not nowait: a declare with nowait does not renew x-expires.
+    channel.send_method(spec.Queue.Declare, "BsbbbbbF", (0, gate, False, True, False, False, False, arguments))
+
+
 class _Preparer:
     """Declares gates ahead of their claims on a connection of its own, without waiting for the
     answers: creating a durable queue is the slowest thing the broker does for a run (a few
@@ -211,10 +219,7 @@ class _Preparer:
             self.channel = self.connection.connection.channel()
         now = time.monotonic()
         for gate in gates:
-            # Not nowait: a declare with nowait does not renew x-expires. The fields as in
-            # RabbitMQBackend._declare_gates.
-            fields = (0, gate, False, True, False, False, False, self.arguments)
-            self.channel.send_method(spec.Queue.Declare, "BsbbbbbF", fields)
+            _write_declare(self.channel, gate, self.arguments)
             self.in_flight.append((gate, now))
 
     def collect(self, timeout: float = 0) -> list[str]:
@@ -231,8 +236,6 @@ class _Preparer:
         while self.in_flight and self.channel is not None:
             left = until - time.monotonic()
             if left <= 0 and not self._readable():
-                if time.monotonic() - self.in_flight[0][1] > self.timeout:
-                    raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s")
                 break
             try:
                 # A bounded wait even when data is there: at timeout 0, py-amqp would spin until
@@ -242,8 +245,6 @@ class _Preparer:
                 if not self.channel.is_open:  # closed by the broker, and not reopened
                     self.channel = None
                 elif until - time.monotonic() <= 0:
-                    if time.monotonic() - self.in_flight[0][1] > self.timeout:
-                        raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s") from None
                     break
                 continue
             except amqp.exceptions.ChannelError:
@@ -258,6 +259,8 @@ class _Preparer:
                     f"the broker answered the declare of {_text(name)!r} where {gate!r} was expected"
                 )
             done.append(gate)
+        if self.in_flight and self.channel is not None and time.monotonic() - self.in_flight[0][1] > self.timeout:
+            raise TimeoutError(f"no answer to a gate's declare within {self.timeout}s")
         return done
 
     def _readable(self) -> bool:
@@ -867,10 +870,7 @@ class RabbitMQBackend(Backend):
         while todo:
             channel = self._declare_channel()
             for gate in todo:
-                # queue.declare's fields: ticket, queue, passive, durable, exclusive, auto_delete,
-                # nowait, arguments. Not nowait: a declare with nowait does not renew x-expires.
-                fields = (0, gate, False, True, False, False, False, arguments)
-                channel.send_method(spec.Queue.Declare, "BsbbbbbF", fields)
+                _write_declare(channel, gate, arguments)
             answered = 0
             try:
                 for gate in todo:
