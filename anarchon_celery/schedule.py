@@ -21,6 +21,7 @@ time changes:
 from __future__ import annotations
 
 import abc
+import copy
 import datetime as dt
 from collections.abc import Iterator
 from typing import Any
@@ -129,7 +130,7 @@ class Cron(Schedule):
     entries use ``day_or=False`` (both must match), as Celery does.
     """
 
-    __slots__ = ("spec", "tz", "day_or", "_seconds")
+    __slots__ = ("spec", "tz", "day_or", "_seconds", "_parsed")
 
     def __init__(self, spec: str, tz: Any = "UTC", *, day_or: bool = True) -> None:
         if not isinstance(spec, str):
@@ -158,6 +159,7 @@ class Cron(Schedule):
         self.spec = text
         self.tz = resolve_tz(tz)
         self.day_or = day_or
+        self._parsed: croniter | None = None
         try:  # is_valid() does not catch everything (e.g. "0 0 31 2 *" never matches)
             self.next_slot(0)
         except (ValueError, KeyError, OverflowError) as exc:
@@ -166,13 +168,18 @@ class Cron(Schedule):
     def next_slot(self, after_ms: int) -> int:
         after = from_ms(after_ms)
         wall = after.astimezone(self.tz).replace(tzinfo=None)
-        it = croniter(
-            self.spec,
-            wall,
-            day_or=self.day_or,
-            second_at_beginning=self._seconds,
-            max_years_between_matches=50,
-        )
+        if self._parsed is None:
+            self._parsed = croniter(
+                self.spec,
+                wall,
+                day_or=self.day_or,
+                second_at_beginning=self._seconds,
+                max_years_between_matches=50,
+            )
+        # Parsing the spec is most of a fresh croniter's cost: a copy of the parsed one, set to
+        # `after`, finds the same matches (and leaves it to other callers unchanged).
+        it = copy.copy(self._parsed)
+        it.set_current(wall, force=True)
         # Usually the first match is it; inside the second pass of a repeated (fall-back) hour,
         # matches map to their first occurrence, which is earlier than `after`, so skip them.
         while True:

@@ -24,6 +24,7 @@ from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
 from .jobs import Job, live_gates, task_id_for
+from .schedule import Schedule
 from .sending import Outgoing, TaskSender, instance_id, task_connection
 
 __all__ = ["Scheduler", "instance_id"]
@@ -165,15 +166,24 @@ class Scheduler(beat.Scheduler):
         backend.maintain()
         self._keep_alive()
         sent: list[tuple[Outgoing, int]] = []
-        # Every run due now, in batches; a stop signal waits for the batch in progress only.
+        # Every run due now, in batches; a stop signal waits for the batch in progress only. The
+        # jobs' next runs are queued once the runs due are claimed and sent (working them out
+        # takes a fraction of a millisecond per cron job, more on a busy machine): those already
+        # due are run next, in the same wake-up.
         self._busy = True
         try:
-            while self._queue and self._queue[0].due_ms <= clock.now_ms() and self._stop_requested is None:
-                now = clock.now_ms()
-                due: list[_Due] = []
-                while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
-                    due.append(heapq.heappop(self._queue))
-                sent += self._run(due)
+            while self._is_due():
+                taken: list[tuple[_Due, int]] = []  # the runs taken off the queue, with when
+                try:
+                    while self._is_due():
+                        now = clock.now_ms()
+                        due: list[_Due] = []
+                        while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
+                            due.append(heapq.heappop(self._queue))
+                        taken += ((item, now) for item in due)
+                        sent += self._run(due, now)
+                finally:
+                    self._queue_next(taken)
         finally:
             try:
                 self._record(sent)  # after every claim and send due now: history never delays a run
@@ -218,11 +228,18 @@ class Scheduler(beat.Scheduler):
         if ready:
             backend.prepare(ready)
 
-    def _run(self, due: list[_Due]) -> list[tuple[Outgoing, int]]:
-        """Claim the due runs and send the tasks of those won; returns the runs sent, with when.
-        The jobs' next runs are queued afterwards: working them out (a cron's next match takes a
-        fraction of a millisecond) does not hold up the runs due now."""
-        now = clock.now_ms()
+    def _is_due(self) -> bool:
+        return bool(self._queue) and self._queue[0].due_ms <= clock.now_ms() and self._stop_requested is None
+
+    def _queue_next(self, taken: list[tuple[_Due, int]]) -> None:
+        """Queue the next run of each job taken off the queue (at the time given with it)."""
+        known: dict[tuple[Schedule, int], int] = {}  # worked out once per schedule and slot
+        for item, now in taken:
+            self._schedule_after(self.jobs[item.job], item.slot, now, known)
+
+    def _run(self, due: list[_Due], now: int) -> list[tuple[Outgoing, int]]:
+        """Claim the due runs (taken off the queue at ``now``) and send the tasks of those won;
+        returns the runs sent, with when. The jobs' next runs are queued by the caller."""
         claims: list[Claim] = []
         for item in due:
             job = self.jobs[item.job]
@@ -239,11 +256,7 @@ class Scheduler(beat.Scheduler):
                 )
                 continue
             claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
-        try:
-            return self._claim(claims, now) if claims else []
-        finally:
-            for item in due:
-                self._schedule_after(self.jobs[item.job], item.slot, now)
+        return self._claim(claims, now) if claims else []
 
     def _claim(self, claims: list[Claim], now: int) -> list[tuple[Outgoing, int]]:
         assert self.backend is not None
@@ -276,9 +289,12 @@ class Scheduler(beat.Scheduler):
                 runs.append(outgoing(claim))
         return self._send(runs) if runs else []
 
-    def _schedule_after(self, job: Job, slot: int, now: int) -> None:
-        """Queue the job's next run; runs already too late to claim are skipped at once."""
-        following = job.next_slot(slot)
+    def _schedule_after(self, job: Job, slot: int, now: int, known: dict[tuple[Schedule, int], int]) -> None:
+        """Queue the job's next run; runs already too late to claim are skipped at once. ``known``
+        holds the next slots already worked out, by schedule and slot."""
+        following = known.get((job.schedule, slot))
+        if following is None:
+            following = known[job.schedule, slot] = job.next_slot(slot)
         if following + job.max_late_ms < now:
             resume = job.next_slot(now - job.max_late_ms - 1)
             logger.warning(

@@ -270,6 +270,15 @@ def test_next_slot_is_later_and_every_start_agrees(spec: str, tz: str, after: in
 
 
 @settings(max_examples=100, deadline=None)
+@given(SPECS, ZONES, st.lists(INSTANTS, min_size=2, max_size=6))
+def test_a_cron_asked_again_answers_as_a_new_one(spec: str, tz: str, instants: list[int]) -> None:
+    # A Cron keeps its parsed spec between calls: no earlier call may change a later answer.
+    shared = Cron(spec, tz)
+    for after in instants:
+        assert shared.next_slot(after) == Cron(spec, tz).next_slot(after)
+
+
+@settings(max_examples=100, deadline=None)
 @given(SPECS, ZONES, INSTANTS)
 def test_each_wall_clock_match_fires_at_most_once(spec: str, tz: str, start: int) -> None:
     sched = Cron(spec, tz)

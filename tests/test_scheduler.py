@@ -132,6 +132,28 @@ def test_a_late_run_is_skipped_not_caught_up(
     assert slots == [T0 + 1000, T0 + 2000, T0 + 58_000, T0 + 59_000, T0 + 60_000]
 
 
+def test_jobs_due_together_each_get_their_own_next_run(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    # All due at T0 in one wake-up; the next runs are worked out once per schedule and slot.
+    app.conf.beat_schedule = {
+        "a": {"task": "tasks.work", "schedule": "*/2 * * * * *", "jitter_ms": 0},
+        "b": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0},
+        "c": {"task": "tasks.work", "schedule": "*/2 * * * * *", "jitter_ms": 0},
+        "d": {"task": "tasks.work", "schedule": "*/3 * * * * *", "jitter_ms": 0},
+    }
+    scheduler = Scheduler(app)
+    run_until(clock, [scheduler], T0 + 6500)
+    scheduler.close()
+    slots: dict[str, list[int]] = {}
+    for message in sent(broker_url, f"{prefix}tasks"):
+        slots.setdefault(message.headers["anarchon_job"], []).append(message.headers["anarchon_slot"] - T0)
+    assert {job: sorted(found) for job, found in slots.items()} == {
+        "a": [0, 2000, 4000, 6000],
+        "b": [0, 1000, 2000, 3000, 4000, 5000, 6000],
+        "c": [0, 2000, 4000, 6000],
+        "d": [0, 3000, 6000],
+    }
+
+
 def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 3600.0, "jitter_ms": 0}}
     scheduler = Scheduler(app)
