@@ -12,6 +12,7 @@ import logging
 import random
 import signal
 import threading
+import time
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -55,6 +56,8 @@ class Scheduler(beat.Scheduler):
     #: :func:`~anarchon_celery.jobs.live_gates`, two per history stream), a warning at start-up
     #: names RabbitMQ's open-file limit.
     files_warning = 500
+    #: Seconds without connecting for sending tasks ahead of the runs after an attempt failed.
+    connect_backoff_s = 5.0
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
@@ -68,6 +71,8 @@ class Scheduler(beat.Scheduler):
         #: between a quarter and three quarters into a second, away from the claims.
         self.prepare_phase_ms = 0
         self._random = random.Random()
+        self._connect_after = 0.0  # time.monotonic() before which _connect_sender does not try
+        self._sender_down = False  # its last attempt failed (and was logged)
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
         self._signal_handlers: dict[int, tuple[Any, Any]] = {}
@@ -99,6 +104,8 @@ class Scheduler(beat.Scheduler):
             if reachable and job.history_size:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
+        if reachable:
+            self._connect_sender()
         self._defer_stop_signals()
         self._check_footprint(backend, start)
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
@@ -165,6 +172,7 @@ class Scheduler(beat.Scheduler):
             return float(self.max_interval)
         backend.maintain()
         self._keep_alive()
+        self._connect_sender()  # lost while asleep
         sent: list[tuple[Outgoing, int]] = []
         # Every run due now, in batches; a stop signal waits for the batch in progress only. The
         # jobs' next runs are queued once the runs due are claimed and sent (working them out
@@ -195,6 +203,7 @@ class Scheduler(beat.Scheduler):
             logger.info("anarchon: stopping, the runs in progress are done")
             handler(signum, frame)
         self._prepare(backend)
+        self._connect_sender()  # lost during the sends: not at the next runs' expense
         limits = [float(self.max_interval)]
         idle = backend.max_idle_s()
         if idle is not None:
@@ -362,6 +371,27 @@ class Scheduler(beat.Scheduler):
     @cached_property
     def sender(self) -> TaskSender:
         return TaskSender(self.app, self.connection)
+
+    def _connect_sender(self) -> None:
+        """Have the task connection and its channel open before the runs come due (at start, and
+        after the connection was lost), or the first runs won would be written only after all
+        the claims are answered: connecting takes tens of milliseconds, much more on a busy
+        machine. One attempt, then none for ``connect_backoff_s`` seconds; sends connect anyway."""
+        if time.monotonic() < self._connect_after:
+            return
+        try:
+            self.sender.open()
+        except Exception as exc:  # noqa: BLE001 - the next send connects, with its retries
+            self._connect_after = time.monotonic() + self.connect_backoff_s
+            logger.log(
+                logging.DEBUG if self._sender_down else logging.INFO,
+                "anarchon: could not connect for sending tasks ahead of the runs (%r); trying again every %g s",
+                exc,
+                self.connect_backoff_s,
+            )
+            self._sender_down = True
+        else:
+            self._sender_down = False
 
     def _keep_alive(self) -> None:
         connection = self.__dict__.get("connection")

@@ -92,6 +92,19 @@ class TaskSender:
         self._raw: Any = None
         self._written: _Written | None = None
 
+    def open(self) -> None:
+        """Connect (one attempt) and open the task channel now, ahead of the runs, so that the
+        first runs won are written as their claims are answered. Does nothing while runs written
+        wait for :meth:`send`. Raises what stopped it; the next send connects again."""
+        if self._written is not None:
+            return
+        try:
+            self.connection.ensure_connection(max_retries=0)
+            self._open_channel()
+        except Exception:
+            self._drop()
+            raise
+
     def write(self, run: Outgoing) -> None:
         """Write ``run``'s task now if the connection is up, without waiting for its confirm.
         Never raises: a run not written here is sent by :meth:`send`, which must get the runs

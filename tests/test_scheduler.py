@@ -154,6 +154,29 @@ def test_jobs_due_together_each_get_their_own_next_run(app: Celery, clock: Clock
     }
 
 
+def test_runs_won_are_written_at_once_from_the_first(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
+    # The task connection is opened before the first run, and again after it is lost: a run
+    # won with no connection open waits until every claim of its batch is answered.
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0}}
+    scheduler = Scheduler(app)
+    connected_at_write: list[bool] = []
+    write = scheduler.sender.write
+
+    def watched(run: Any) -> None:
+        connected_at_write.append(scheduler.connection.connected)
+        write(run)
+
+    scheduler.sender.write = watched  # type: ignore[method-assign]
+    clock.now = T0
+    scheduler.tick()
+    scheduler.connection.collect()  # lost while asleep
+    clock.now = T0 + 1000
+    scheduler.tick()
+    scheduler.close()
+    assert connected_at_write == [True, True]
+    assert sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")) == [T0, T0 + 1000]
+
+
 def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 3600.0, "jitter_ms": 0}}
     scheduler = Scheduler(app)
