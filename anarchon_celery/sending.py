@@ -88,6 +88,7 @@ class TaskSender:
         self.app = app
         self.connection = connection
         self._channel: Any = None
+        self._producer: Any = None
         self._confirms: _TaskConfirms | None = None
         self._raw: Any = None
         self._written: _Written | None = None
@@ -117,12 +118,12 @@ class TaskSender:
         if written.failure is not None or not self.connection.connected:
             return  # send() connects, with its retries
         try:
-            channel, confirms = self._open_channel()
+            producer, confirms = self._open_channel()
             if written.confirms is None:
                 written.confirms = confirms
             elif confirms is not written.confirms:  # the earlier runs' answers would come on the old channel
                 raise RuntimeError("the task channel was replaced while runs were being written")
-            self._write(channel, confirms, written.runs, index, written.results, written.strikes)
+            self._write(producer, confirms, written.runs, index, written.results, written.strikes)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             written.failure = exc
             self._drop()
@@ -186,7 +187,7 @@ class TaskSender:
 
     def close(self) -> None:
         """Forget the channel (its connection is the caller's to close)."""
-        self._channel = self._confirms = self._raw = None
+        self._channel = self._confirms = self._raw = self._producer = None
 
     def _drop(self) -> None:
         """Never reuse this channel nor this connection: their state is unknown."""
@@ -194,6 +195,7 @@ class TaskSender:
         self.connection.collect()
 
     def _open_channel(self) -> tuple[Any, _TaskConfirms]:
+        """The producer of the task channel (opened if need be) and the channel's confirms."""
         raw = self.connection.connection
         if self._channel is None or self._confirms is None or self._raw is not raw or not self._channel.is_open:
             self._raw = raw  # a channel of an earlier connection is never used again
@@ -203,12 +205,13 @@ class TaskSender:
             channel.events["basic_ack"].add(confirms.on_ack)
             channel.events["basic_nack"].add(confirms.on_nack)
             _count_publishes(channel, confirms)
-            self._channel, self._confirms = channel, confirms
-        return self._channel, self._confirms
+            producer = self.app.amqp.Producer(channel, auto_declare=False)
+            self._channel, self._confirms, self._producer = channel, confirms, producer
+        return self._producer, self._confirms
 
     def _write(
         self,
-        channel: Any,
+        producer: Any,
         confirms: _TaskConfirms,
         runs: Sequence[Outgoing],
         i: int,
@@ -224,7 +227,6 @@ class TaskSender:
         confirms.runs[run.task_id] = i
         try:
             task = self.app.tasks[run.job.task]
-            producer = self.app.amqp.Producer(channel, auto_declare=False)
             options.update(task_id=run.task_id, producer=producer, retry=False)
             task.apply_async(run.job.args, dict(run.job.kwargs), **options)
         except Exception as exc:  # noqa: BLE001 - sorted out below
@@ -261,9 +263,9 @@ class TaskSender:
         failure: BaseException | None = None
         confirms = None
         try:
-            channel, confirms = self._open_channel()
+            producer, confirms = self._open_channel()
             for i in todo:
-                self._write(channel, confirms, runs, i, results, strikes)
+                self._write(producer, confirms, runs, i, results, strikes)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             failure = exc
             self._drop()
