@@ -1,9 +1,10 @@
 """Burst: 1,000 jobs due at the same slot, from the slot to the last task published.
 
-    python benchmarks/burst.py [--jobs 1000] [--instances 3]
+    python benchmarks/burst.py [--jobs 1000] [--instances 3] [--rounds 3]
 
-Three measurements in one run, each at its own minute boundary (the slot), timed by a raw
-consumer on the task queue (not by a worker) from the slot to the arrival of the last task:
+Three measurements, each at its own minute boundary (the slot), timed by a raw consumer on the
+task queue (not by a worker) from the slot to the arrival of the last task, taken in turn
+``--rounds`` times:
 
 * ``bare floor``: three raw py-amqp clients racing pipelined persistent claims into gates declared
   beforehand, each then publishing the tasks of the claims it won, pipelined and confirmed;
@@ -11,7 +12,8 @@ consumer on the task queue (not by a worker) from the slot to the arrival of the
   jitter 0, gates declared ahead (``anarchon_lead_ms``), no history by default (``--history-size``);
 * ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules.
 
-It checks that every job ran once (no duplicate, none missing), and prints the ratios.
+It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
+round's measurements and their median.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 import uuid
@@ -211,26 +214,43 @@ def main(argv: list[str] | None = None) -> int:
         "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
     )
     parser.add_argument("--only", default="bare,anarchon,beat")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measurements of each, taken in turn; the ratios pair each round's (default 3: runs here "
+        "vary from one minute to the next, the floor's as much as ours)",
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     os.environ["BURST_LEAD_MS"] = str(args.lead_ms)
     os.environ["BURST_HISTORY_SIZE"] = str(args.history_size)
     rows = []
     only = args.only.split(",")
-    if "bare" in only:
-        rows.append(bare_floor(args))
-    if "anarchon" in only:
-        rows.append(scheduler_run("anarchon", args.instances, args))
-    if "beat" in only:
-        rows.append(scheduler_run("beat", 1, args))
+    ratios: dict[str, list[float]] = {"anarchon / bare floor": [], "plain beat / anarchon": []}
+    for round_ in range(1, args.rounds + 1):
+        by_name: dict[str, dict[str, Any]] = {}
+        if "bare" in only:
+            by_name["floor"] = bare_floor(args)
+        if "anarchon" in only:
+            by_name["ours"] = scheduler_run("anarchon", args.instances, args)
+        if "beat" in only:
+            by_name["beat"] = scheduler_run("beat", 1, args)
+        rows += [{"round": round_, **row} for row in by_name.values()]
+        last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
+        if "ours" in last and "floor" in last:
+            ratios["anarchon / bare floor"].append(last["ours"] / last["floor"])
+        if "ours" in last and "beat" in last:
+            ratios["plain beat / anarchon"].append(last["beat"] / last["ours"])
     summary: dict[str, Any] = {}
-    by_name = {row["scheduler"].split(" ")[0]: row for row in rows}
-    ours, floor, beat = by_name.get("anarchon_celery"), by_name.get("bare"), by_name.get("plain")
-    if ours and ours["last s"]:
-        if floor and floor["last s"]:
-            summary["anarchon / bare floor"] = ours["last s"] / floor["last s"]
-        if beat and beat["last s"]:
-            summary["plain beat / anarchon"] = beat["last s"] / ours["last s"]
+    for name, values in ratios.items():
+        if values:
+            summary[f"{name}, median of {len(values)}"] = statistics.median(values)
+            summary[f"{name}, each round"] = ", ".join(f"{v:.2f}" for v in values)
+    for name in ("bare", "anarchon_celery", "plain"):
+        lasts = [row["last s"] for row in rows if row["scheduler"].startswith(name) and row["last s"]]
+        if lasts:
+            summary[f"{name} last s, median of {len(lasts)}"] = statistics.median(lasts)
     report("burst", rows, summary)
     return 0
 
