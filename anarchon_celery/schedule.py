@@ -212,14 +212,11 @@ class Cron(Schedule):
         return f"cron '{self.spec}' {self.tz}"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Cron) and (other.spec, str(other.tz), other.day_or) == (
-            self.spec,
-            str(self.tz),
-            self.day_or,
-        )
+        # The time zones themselves, not their names: two fixed offsets may share a name.
+        return isinstance(other, Cron) and (other.spec, other.tz, other.day_or) == (self.spec, self.tz, self.day_or)
 
     def __hash__(self) -> int:
-        return hash(("cron", self.spec, str(self.tz), self.day_or))
+        return hash(("cron", self.spec, self.tz, self.day_or))
 
     def __repr__(self) -> str:
         return f"Cron({self.spec!r}, tz={str(self.tz)!r}, day_or={self.day_or})"

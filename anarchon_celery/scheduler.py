@@ -20,7 +20,7 @@ from celery import beat
 
 from . import clock
 from .backends import Backend, Claim, Outcome, RabbitMQBackend
-from .connections import keep_alive
+from .connections import keep_alive, negotiated_heartbeat
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
@@ -172,7 +172,8 @@ class Scheduler(beat.Scheduler):
             return float(self.max_interval)
         backend.maintain()
         self._keep_alive()
-        self._connect_sender()  # lost while asleep
+        if not self._sender_down:
+            self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
         sent: list[tuple[Outgoing, int]] = []
         # Every run due now, in batches; a stop signal waits for the batch in progress only. The
         # jobs' next runs are queued once the runs due are claimed and sent (working them out
@@ -208,6 +209,9 @@ class Scheduler(beat.Scheduler):
         idle = backend.max_idle_s()
         if idle is not None:
             limits.append(idle)
+        connection = self.__dict__.get("connection")
+        if connection is not None and connection.connected and negotiated_heartbeat(connection):
+            limits.append(max(1.0, negotiated_heartbeat(connection) / 3))  # the task connection's heartbeats
         now = clock.now_ms()
         for queue in (self._queue, self._prepares):
             if queue:

@@ -269,13 +269,20 @@ def test_next_slot_is_later_and_every_start_agrees(spec: str, tz: str, after: in
             assert sched.next_slot(start) == first
 
 
-@settings(max_examples=100, deadline=None)
-@given(SPECS, ZONES, st.lists(INSTANTS, min_size=2, max_size=6))
-def test_a_cron_asked_again_answers_as_a_new_one(spec: str, tz: str, instants: list[int]) -> None:
+@settings(max_examples=150, deadline=None)
+@given(
+    SPECS | st.sampled_from(["0 0 L * *", "0 12 15W * *", "0 9 * * 5#3", "30 6 * * 1#1,3#2", "0 0 13 * 5"]),
+    ZONES,
+    st.booleans(),
+    st.lists(INSTANTS, min_size=2, max_size=6),
+)
+def test_a_cron_asked_again_answers_as_a_new_one(spec: str, tz: str, day_or: bool, instants: list[int]) -> None:
     # A Cron keeps its parsed spec between calls: no earlier call may change a later answer.
-    shared = Cron(spec, tz)
+    shared = Cron(spec, tz, day_or=day_or)
     for after in instants:
-        assert shared.next_slot(after) == Cron(spec, tz).next_slot(after)
+        fresh = Cron(spec, tz, day_or=day_or)
+        fresh._parsed = None  # the spec parsed again, for this call alone
+        assert shared.next_slot(after) == fresh.next_slot(after)
 
 
 @settings(max_examples=100, deadline=None)

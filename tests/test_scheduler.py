@@ -15,6 +15,7 @@ import anarchon_celery
 from anarchon_celery import ConfigError, MemoryBackend, Scheduler, task_id_for
 from anarchon_celery import clock as clock_module
 from anarchon_celery.backends.rabbitmq import gate_name
+from anarchon_celery.connections import negotiated_heartbeat
 
 pytestmark = pytest.mark.broker
 
@@ -186,6 +187,49 @@ def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     clock.now = T0 + 3600_000 - 1500
     assert scheduler.tick() == pytest.approx(1.5)
     scheduler.close()
+
+
+def test_sleeps_no_longer_than_the_task_connection_heartbeat_allows(app: Celery, clock: Clock, prefix: str) -> None:
+    # The task connection is open from the start; a backend with no heartbeat of its own (here
+    # the memory one) must not let beat sleep past it, or the broker drops it while we sleep.
+    app.conf.anarchon_backend = MemoryBackend(prefix=prefix, slot_ttl_ms=60_000)
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 3600.0, "jitter_ms": 0}}
+    scheduler = Scheduler(app)
+    clock.now = T0 + 1000
+    assert scheduler.backend.max_idle_s() is None
+    heartbeat = negotiated_heartbeat(scheduler.connection)
+    assert heartbeat > 0
+    assert scheduler.tick() == pytest.approx(heartbeat / 3)
+    scheduler.close()
+
+
+def test_a_task_broker_away_is_tried_after_the_claims_only(
+    app: Celery, clock: Clock, broker_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Claims on the RabbitMQ of anarchon_backend, tasks on a broker that refuses connections:
+    # connecting ahead for the tasks is tried once per wake-up, after the claims (not before
+    # them as well), and logged once.
+    app.conf.anarchon_backend = broker_url
+    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "max_late_ms": 100}}
+    monkeypatch.setattr(Scheduler, "connect_backoff_s", 0.0)
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    scheduler = Scheduler(app)
+    tries = 0
+    open_ = scheduler.sender.open
+
+    def counted() -> None:
+        nonlocal tries
+        tries += 1
+        open_()
+
+    scheduler.sender.open = counted  # type: ignore[method-assign]
+    for n in range(3):
+        clock.now = T0 + n * 1000
+        scheduler.tick()
+    scheduler.close()
+    assert tries == 3
+    assert caplog.text.count("could not connect for sending tasks ahead of the runs") == 1
 
 
 def test_a_burst_of_runs_due_together_is_sent_once_each(
