@@ -71,8 +71,9 @@ class Scheduler(beat.Scheduler):
         #: between a quarter and three quarters into a second, away from the claims.
         self.prepare_phase_ms = 0
         self._random = random.Random()
-        self._connect_after = 0.0  # time.monotonic() before which _connect_sender does not try
-        self._sender_down = False  # its last attempt failed (and was logged)
+        #: 0 while connecting for the tasks works; after a failed attempt, the time.monotonic()
+        #: before which _connect_sender does not try again.
+        self._connect_after = 0.0
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
         self._signal_handlers: dict[int, tuple[Any, Any]] = {}
@@ -172,7 +173,7 @@ class Scheduler(beat.Scheduler):
             return float(self.max_interval)
         backend.maintain()
         self._keep_alive()
-        if not self._sender_down:
+        if not self._connect_after:
             self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
         sent: list[tuple[Outgoing, int]] = []
         # Every run due now, in batches; a stop signal waits for the batch in progress only. The
@@ -210,8 +211,9 @@ class Scheduler(beat.Scheduler):
         if idle is not None:
             limits.append(idle)
         connection = self.__dict__.get("connection")
-        if connection is not None and connection.connected and negotiated_heartbeat(connection):
-            limits.append(max(1.0, negotiated_heartbeat(connection) / 3))  # the task connection's heartbeats
+        heartbeat = negotiated_heartbeat(connection) if connection is not None and connection.connected else 0
+        if heartbeat:
+            limits.append(max(1.0, heartbeat / 3))  # the task connection's heartbeats
         now = clock.now_ms()
         for queue in (self._queue, self._prepares):
             if queue:
@@ -386,16 +388,15 @@ class Scheduler(beat.Scheduler):
         try:
             self.sender.open()
         except Exception as exc:  # noqa: BLE001 - the next send connects, with its retries
-            self._connect_after = time.monotonic() + self.connect_backoff_s
             logger.log(
-                logging.DEBUG if self._sender_down else logging.INFO,
+                logging.DEBUG if self._connect_after else logging.INFO,  # logged once per outage
                 "anarchon: could not connect for sending tasks ahead of the runs (%r); trying again every %g s",
                 exc,
                 self.connect_backoff_s,
             )
-            self._sender_down = True
+            self._connect_after = time.monotonic() + self.connect_backoff_s
         else:
-            self._sender_down = False
+            self._connect_after = 0.0
 
     def _keep_alive(self) -> None:
         connection = self.__dict__.get("connection")
