@@ -12,8 +12,12 @@ def keep_alive(connection: Any) -> None:
 
     Cheap, and a no-op when the connection is not open. Raises the connection's errors when the
     broker has gone away, so that the caller can drop the connection before relying on it.
+
+    Also a no-op on a transport without heartbeats (kombu's ``supports_heartbeats``: Redis, SQS,
+    the virtual transports), which has nothing to read or send while idle: its ``drain_events`` is
+    a consumer's poll, which would take messages from the queues consumed on the connection.
     """
-    if not connection.connected:
+    if not connection.supports_heartbeats or not connection.connected:
         return
     raw = connection.connection
     while True:
@@ -25,7 +29,10 @@ def keep_alive(connection: Any) -> None:
 
 
 def negotiated_heartbeat(connection: Any) -> float:
-    """The heartbeat in force: the one agreed with the broker once connected, else the one asked."""
+    """The heartbeat in force: the one agreed with the broker once connected, else the one asked.
+    0 on a transport without heartbeats, whatever was asked: there is nothing to keep up."""
+    if not connection.supports_heartbeats:
+        return 0.0
     raw = connection._connection if connection.connected else None
     value = getattr(raw, "heartbeat", None) if raw is not None else None
     return float(value if value is not None else connection.heartbeat or 0)

@@ -4,10 +4,16 @@ The tasks of runs won together are written one after the other on a channel in c
 their confirms are read afterwards, matched by delivery tag: one round trip for the lot, not one
 per task (kombu has no batch publish for AMQP; its ``Producer.batch`` publishes one by one there).
 
+Publisher confirms are an AMQP feature (py-amqp: the ``amqp``, ``amqps`` and ``pyamqp`` transports).
+On the other transports (Redis, SQS, the filesystem, memory...) each task is published by its
+``apply_async`` as usual, with the same task id, headers and options, and counts as sent once that
+publish call returned: there is no answer to wait for, and nothing is read back.
+
 A send is repeated only when it certainly did not reach a queue: the connection could not be made
 (nothing was written), or the broker refused the message (a nack). A connection lost or a confirm
 missing after the message was written is not repeated, since the broker may have queued it
-already: a second copy would run the task twice.
+already: a second copy would run the task twice. Without confirms, a publish that raised once
+it had started writing is that run's error, likewise.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from amqp import spec
@@ -25,7 +31,15 @@ from kombu.exceptions import OperationalError
 from . import clock
 from .jobs import Job
 
-__all__ = ["Outgoing", "TaskSender", "instance_id", "run_headers", "send_run", "task_connection"]
+__all__ = [
+    "Outgoing",
+    "TaskSender",
+    "has_publisher_confirms",
+    "instance_id",
+    "run_headers",
+    "send_run",
+    "task_connection",
+]
 
 #: Seconds to wait for the broker's confirms of the task messages written together.
 CONFIRM_TIMEOUT = 5.0
@@ -65,7 +79,29 @@ def task_connection(app: Any, **options: Any) -> Any:
     :class:`TaskSender` on its own channel, so kombu's wait-for-each-publish mode is turned off."""
     transport_options = {"read_timeout": 10, "write_timeout": 10, **options.pop("transport_options", {})}
     transport_options["confirm_publish"] = False
-    return app.connection_for_write(transport_options=transport_options, **options)
+    connection = app.connection_for_write(transport_options=transport_options, **options)
+    if getattr(connection.get_transport_cls(), "driver_type", None) == "redis":  # redis, rediss, sentinel
+        merged = connection.transport_options  # the app's broker_transport_options and the ones above
+        # redis-py waits forever on a dead server by default (kombu passes no timeouts)...
+        merged.setdefault("socket_timeout", 10)
+        merged.setdefault("socket_connect_timeout", 10)
+        # ...and with retry_on_timeout it sends a command again after a timeout, when the first
+        # one may have been executed: a task queued twice. Never on this connection.
+        merged["retry_on_timeout"] = False
+    return connection
+
+
+def has_publisher_confirms(connection: Any) -> bool:
+    """Whether tasks are sent on ``connection`` with publisher confirms (else a plain publish).
+
+    kombu has no capability for confirms (``transport.implements`` lists ``asynchronous``,
+    ``batch_publish``, ``exchange_type`` and ``heartbeats`` only), and the confirmed path drives a
+    py-amqp channel itself (``confirm_select``, ``send_method``, its ``basic_ack``/``basic_nack``
+    events): it is taken exactly when the transport's driver is py-amqp, as kombu's
+    ``driver_name`` says for the ``amqp``, ``amqps`` and ``pyamqp`` transports and their
+    subclasses. No I/O: only the transport class is looked at.
+    """
+    return getattr(connection.get_transport_cls(), "driver_name", None) == "py-amqp"
 
 
 def send_run(app: Any, connection: Any, job: Job, **run: Any) -> None:
@@ -76,8 +112,9 @@ def send_run(app: Any, connection: Any, job: Job, **run: Any) -> None:
 
 
 class TaskSender:
-    """Sends runs' tasks over ``connection`` (from :func:`task_connection`), confirmed, on a
-    channel of its own that it keeps between sends.
+    """Sends runs' tasks over ``connection`` (from :func:`task_connection`), on a channel of its
+    own that it keeps between sends: confirmed on AMQP, a plain publish on the other transports
+    (see :func:`has_publisher_confirms`).
 
     Runs can be written one by one as they are won (:meth:`write`), while other claims are still
     being answered, and then handed to :meth:`send`, which reads their confirms and sends what
@@ -129,8 +166,9 @@ class TaskSender:
             self._drop()
 
     def send(self, runs: Sequence[Outgoing]) -> list[BaseException | None]:
-        """One entry per run, in order: None once the broker confirmed its message, else the
-        error that stopped it (a run that could not be sent by its deadline gets the last one)."""
+        """One entry per run, in order: None once the broker confirmed its message (without
+        confirms: once its publish returned), else the error that stopped it (a run that could
+        not be sent by its deadline gets the last one)."""
         results: dict[int, BaseException | None] = {}
         strikes: dict[int, int] = {}  # channel errors each run met before its message was written
         # Deadlines on the monotonic clock: a wall clock that jumps cannot stretch the retries.
@@ -197,14 +235,19 @@ class TaskSender:
     def _open_channel(self) -> tuple[Any, _TaskConfirms]:
         """The producer of the task channel (opened if need be) and the channel's confirms."""
         raw = self.connection.connection
-        if self._channel is None or self._confirms is None or self._raw is not raw or not self._channel.is_open:
+        if self._channel is None or self._confirms is None or self._raw is not raw or not _is_open(self._channel):
             self._raw = raw  # a channel of an earlier connection is never used again
             channel = self.connection.channel()
-            channel.confirm_select()
-            confirms = _TaskConfirms()
-            channel.events["basic_ack"].add(confirms.on_ack)
-            channel.events["basic_nack"].add(confirms.on_nack)
-            _count_publishes(channel, confirms)
+            confirms: _TaskConfirms
+            if has_publisher_confirms(self.connection):
+                channel.confirm_select()
+                confirms = _TaskConfirms()
+                channel.events["basic_ack"].add(confirms.on_ack)
+                channel.events["basic_nack"].add(confirms.on_nack)
+                _count_publishes(channel, confirms)
+            else:
+                confirms = _TaskPublishes()
+                _track_publishes(channel, confirms)
             producer = self.app.amqp.Producer(channel, auto_declare=False)
             self._channel, self._confirms, self._producer = channel, confirms, producer
         return self._producer, self._confirms
@@ -233,6 +276,10 @@ class TaskSender:
             if confirms.wrote(i):
                 raise  # after its message was written: the channel's state is unknown
             broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
+            if isinstance(confirms, _TaskPublishes):
+                # kombu's Redis transport counts KeyError as a connection error, and Celery's
+                # QueueNotFound is one: that is the run's own error, not to be retried.
+                broken = tuple(error for error in broken if error is not KeyError)
             if not isinstance(exc, broken):
                 results[i] = exc  # refused before writing (arguments that cannot be encoded...)
                 return
@@ -338,6 +385,32 @@ def _count_publishes(channel: Any, confirms: _TaskConfirms) -> None:
     channel.send_method = counted
 
 
+def _is_open(channel: Any) -> bool:
+    """py-amqp channels say ``is_open``; kombu's virtual channels say ``closed``."""
+    is_open = getattr(channel, "is_open", None)
+    return bool(is_open) if is_open is not None else not getattr(channel, "closed", False)
+
+
+def _track_publishes(channel: Any, publishes: _TaskPublishes) -> None:
+    """Note every message published on ``channel``, a channel without confirms: a run's task is
+    written from the moment its publish starts, and sent once that call returned.
+
+    Noted at the channel's ``basic_publish``, not per task: ``apply_async`` may declare the task's
+    queue first (I/O that fails before anything is written) and publish a ``task-sent`` event
+    after the task (a failure then does not undo the task's publish).
+    """
+    basic_publish = channel.basic_publish
+
+    def tracked(message: Any, *args: Any, **kwargs: Any) -> Any:
+        run = publishes.publishing(message)  # before the write: one that fails half-way may have queued it
+        result = basic_publish(message, *args, **kwargs)
+        if run is not None:
+            publishes.answers[run] = True
+        return result
+
+    channel.basic_publish = tracked
+
+
 class _TaskConfirms:
     """Delivery tags of the messages written on one confirm channel, and the answers for the
     runs' tasks among them."""
@@ -385,3 +458,33 @@ class _TaskConfirms:
             run = self.tags.pop(t, None)
             if run is not None:
                 self.answers[run] = acked
+
+
+class _TaskPublishes(_TaskConfirms):
+    """The runs' tasks published on a channel without confirms: a run's answer is set (acked)
+    when its publish call returns, and there is never anything to wait for."""
+
+    @property
+    def waiting(self) -> bool:
+        return False  # never drain_events: on a virtual transport that consumes messages
+
+    def publishing(self, message: Any) -> int | None:
+        """Note ``message`` being published; returns the run it is the task of, if any."""
+        task_id = _task_id(message)
+        run = self.runs.get(task_id) if isinstance(task_id, str) else None
+        if run is None or run in self.written:
+            return None  # a second message with the same id: the run's answer is its first
+        self.written.add(run)
+        return run
+
+
+def _task_id(message: Any) -> Any:
+    """The task id of a message as the channel's ``basic_publish`` gets it: a dict on kombu's
+    virtual transports, else a message object with AMQP-style properties."""
+    if isinstance(message, Mapping):
+        headers = message.get("headers") or {}
+        properties = message.get("properties") or {}
+    else:
+        properties = getattr(message, "properties", None) or {}
+        headers = properties.get("application_headers") or {}
+    return headers.get("id") or properties.get("correlation_id")

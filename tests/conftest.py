@@ -52,3 +52,44 @@ def connection(broker_url: str) -> Iterator[Connection]:
     with Connection(broker_url) as conn:
         conn.ensure_connection(max_retries=1)
         yield conn
+
+
+REDIS = os.environ.get("ANARCHON_TEST_REDIS", "redis://127.0.0.1:6379/5")
+
+
+def _redis_up() -> bool:
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS, socket_connect_timeout=3, socket_timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure (redis-py missing too) means "not reachable"
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis URL (with its database number) for the tests of a Redis task broker. Skips
+    locally when it is down; fails under CI."""
+    if not _redis_up():
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is not reachable at {REDIS} (or redis-py is missing), and CI needs it")
+        pytest.skip(f"Redis is not reachable at {REDIS}")
+    return REDIS
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A unique key prefix (use it as kombu's ``global_keyprefix``); every key under it in the
+    test database is deleted after the test."""
+    import redis
+
+    value = f"t-{uuid.uuid4().hex[:10]}."
+    yield value
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{value}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
