@@ -7,6 +7,10 @@ RabbitMQ. Every scheduled run is executed exactly once.
 It starts a worker and the beat instances of ``demo_app`` under a fresh queue prefix, lets them
 run, stops them, then prints each run in the window: job, slot, the instance that won it and how
 many times the task executed. Everything it created in RabbitMQ is deleted at the end.
+
+The broker is ``ANARCHON_DEMO_BROKER`` (default: the local RabbitMQ, guest/guest). What the demo is
+doing, and every few seconds the runs executed so far, goes to stderr; the table (or, with
+``--json``, one JSON line) to stdout.
 """
 
 from __future__ import annotations
@@ -32,10 +36,63 @@ BROKER = os.environ.get("ANARCHON_DEMO_BROKER", "amqp://guest:guest@127.0.0.1:56
 WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
 END_MARGIN_MS = 3_000
+#: Seconds between two progress lines while the demo runs.
+PROGRESS_EVERY_S = 5
+
+
+class DemoError(RuntimeError):
+    """The demo could not run; the message says why, for the user."""
+
+
+class BrokerUnreachable(DemoError):
+    """The broker does not answer (or refuses the demo); the URL in the message hides the password."""
+
+    def __init__(self, url: str, reason: str, when: str = "") -> None:
+        from kombu.utils.url import maybe_sanitize_url, url_to_parts
+
+        password = url_to_parts(url).password
+        if password:
+            reason = reason.replace(password, "**")
+        self.url = maybe_sanitize_url(url)
+        super().__init__(
+            f"cannot use the broker at {self.url}{when} ({reason}). Start RabbitMQ with `rabbitmq-server -detached`, "
+            "or set ANARCHON_DEMO_BROKER to your broker's URL."
+        )
+
+
+class StartFailed(DemoError):
+    """A worker or beat of the demo exited, or never became ready; its log is kept at ``log``."""
+
+    def __init__(self, log: Path, what: str) -> None:
+        self.log = log
+        text = log.read_text(errors="replace") if log.exists() else ""
+        tail = [line[:200] for line in text.splitlines() if line.strip()][-3:]
+        super().__init__("\n".join([f"{what}; the end of its log ({log}):", *(f"  | {line}" for line in tail)]))
+
+
+def say(message: str) -> None:
+    """One progress line, on stderr (stdout holds only the result)."""
+    print(f"demo: {message}", file=sys.stderr, flush=True)
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def check_broker(url: str = BROKER, timeout: float = 2.0) -> None:
+    """Connect once to ``url``; raise :class:`BrokerUnreachable` if that fails."""
+    from kombu import Connection
+    from kombu.exceptions import KombuError
+
+    try:
+        conn = Connection(url, connect_timeout=timeout)
+    except (KeyError, ValueError) as exc:  # kombu: "No such transport: ..."
+        raise BrokerUnreachable(url, str(exc.args[0]) if exc.args else repr(exc)) from exc
+    try:
+        with conn:
+            conn.ensure_connection(max_retries=1)
+    except (KombuError, OSError, *conn.connection_errors, *conn.channel_errors) as exc:
+        raise BrokerUnreachable(url, str(exc) or type(exc).__name__) from exc
 
 
 # Queue names straight from the broker's metadata: `rabbitmqctl list_queues` asks every queue
@@ -115,17 +172,71 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
 
 def _queue_depth(queue: str) -> int:
     from kombu import Connection
+    from kombu.exceptions import KombuError
 
-    with Connection(BROKER) as conn:
-        return conn.default_channel.queue_declare(queue, passive=True).message_count
+    conn = Connection(BROKER, connect_timeout=5)
+    try:
+        with conn:
+            return conn.default_channel.queue_declare(queue, passive=True).message_count
+    except (KombuError, OSError, *conn.connection_errors) as exc:
+        raise BrokerUnreachable(BROKER, str(exc), when=" while waiting for the tasks queued to run") from exc
+
+
+def _wait_ready(procs: dict[Path, subprocess.Popen[bytes]], needle: str, timeout: float) -> None:
+    """Wait until every log holds ``needle``, saying so for each; :class:`StartFailed` otherwise."""
+    deadline = time.monotonic() + timeout
+    pending = dict(procs)
+    while pending:
+        for log, proc in list(pending.items()):
+            if log.exists() and needle in log.read_text(errors="replace"):
+                say(f"{log.stem} ready")
+                del pending[log]
+            elif proc.poll() is not None:
+                raise StartFailed(log, f"{log.stem} exited (status {proc.returncode}) before it was ready")
+        if pending and time.monotonic() > deadline:
+            log = next(iter(pending))
+            raise StartFailed(log, f"{log.stem} was not ready after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _so_far(executions: Path, logs: list[Path]) -> str:
+    """What the demo has done so far: runs executed, duplicates, runs won by each instance."""
+    executed: Counter[str] = Counter()
+    if executions.exists():
+        for line in executions.read_text(errors="replace").splitlines():
+            try:
+                executed[json.loads(line)["task_id"]] += 1
+            except (ValueError, KeyError, TypeError):  # a line still being written
+                continue
+    duplicates = sum(1 for n in executed.values() if n > 1)
+    won = ", ".join(f"{log.stem} {len(WON.findall(log.read_text(errors='replace')))}" for log in logs)
+    return f"{len(executed)} runs executed so far, {duplicates} duplicates; won by {won}"
+
+
+def _delete(prefix: str) -> None:
+    from kombu import Connection
+    from kombu.exceptions import KombuError
+
+    conn = Connection(BROKER)
+    try:
+        deleted = delete_prefixed(prefix)
+    except (KombuError, OSError, subprocess.SubprocessError, *conn.connection_errors) as exc:
+        say(f"could not delete this run's queues and exchanges ({prefix}*): {exc}")
+    else:
+        say(f"deleted this run's {deleted} queues and exchanges ({prefix}*)")
 
 
 def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded: bool = False) -> dict[str, Any]:
     """Run the demo; return its figures (see the module docstring).
 
     With ``embedded``, no separate beat: ``beats`` workers each run the scheduler inside
-    (``celery worker -B``).
+    (``celery worker -B``). Raises :class:`BrokerUnreachable` before starting anything if the broker
+    does not answer, :class:`StartFailed` (logs kept) if a process does not start. Progress goes to
+    stderr.
     """
+    from kombu.utils.url import maybe_sanitize_url
+
+    check_broker(BROKER)
     prefix = f"demo-{uuid.uuid4().hex[:8]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
     executions = tmp / "executions.jsonl"
@@ -137,9 +248,12 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
     )
     worker_args = ["worker", "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    say(f"the broker answers at {maybe_sanitize_url(BROKER)}; this run's queues are named {prefix}*")
     procs: list[subprocess.Popen[bytes]] = []
+    finished = start_failed = False
     try:
         if embedded:
+            say(f"starting {beats} workers, each with the scheduler inside (-B)")
             beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
             workers = [
                 start_celery([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env)
@@ -148,29 +262,48 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
             beat_procs: list[subprocess.Popen[bytes]] = []
             procs += workers
         else:
+            say("starting a worker")
             workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
             procs += workers
-            wait_for_line(tmp / "worker.log", "ready.", workers[0], 60)
+            _wait_ready({tmp / "worker.log": workers[0]}, "ready.", 60)
+            say(f"starting {beats} beat instances: each races the others to claim every run")
             beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
             beat_procs = [start_celery(["beat", "-l", "info", "--pidfile="], log, env) for log in beat_logs]
             procs += beat_procs
-        for log, proc in zip(beat_logs, beat_procs or workers):
-            wait_for_line(log, "anarchon: ready as", proc, 60)
+        _wait_ready(dict(zip(beat_logs, beat_procs or workers)), "anarchon: ready as", 60)
+        say(f"running for {duration:g} s, a line every {PROGRESS_EVERY_S} s")
         window_start = now_ms()
-        time.sleep(duration)
-        window_end = now_ms()
-        for proc in beat_procs:
-            stop(proc)
+        started = time.monotonic()
+        exited: set[Path] = set()
+        for elapsed in [*range(PROGRESS_EVERY_S, int(duration), PROGRESS_EVERY_S), duration]:
+            time.sleep(max(0.0, started + elapsed - time.monotonic()))
+            if elapsed == duration:
+                window_end = now_ms()
+            for log, proc in zip(beat_logs, beat_procs or workers):
+                if log not in exited and proc.poll() is not None:
+                    exited.add(log)
+                    say(f"{log.stem} exited (status {proc.returncode}); --keep-logs keeps its log")
+            say(f"{elapsed:g}/{duration:g} s: {_so_far(executions, beat_logs)}")
         if embedded:  # stop the schedulers first, then let the queue drain
+            say("time is up: stopping the workers (each finishes the task it is running)")
             for proc in workers:
                 proc.send_signal(signal.SIGTERM)
         else:
+            say("time is up: stopping the beat instances")
+            for proc in beat_procs:
+                stop(proc)
             deadline = time.monotonic() + 60
-            while _queue_depth(f"{prefix}tasks") and time.monotonic() < deadline:
+            said = 0.0
+            while (depth := _queue_depth(f"{prefix}tasks")) and time.monotonic() < deadline:
+                if time.monotonic() - said >= PROGRESS_EVERY_S:
+                    say(f"waiting for the worker to run the {depth} task(s) still queued")
+                    said = time.monotonic()
                 time.sleep(0.5)
             time.sleep(1)  # the last task may still be executing
+            say("stopping the worker")
         for proc in workers:
             stop(proc)
+        say("counting the runs, and reading what `celery -A demo_app anarchon` shows of them")
         result = _report(prefix, env, beat_logs, executions, window_start, window_end)
         result["cli"] = {  # what `celery -A demo_app anarchon ...` shows of this run
             name: subprocess.run(
@@ -184,14 +317,18 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
             ).stdout
             for name, args in (("jobs", ["jobs"]), ("history", ["history", "fails", "-n", "3"]), ("check", ["check"]))
         }
+        finished = True
         return result
+    except StartFailed:
+        start_failed = True  # its message names the log
+        raise
     finally:
         for proc in procs:
             stop(proc)
-        delete_prefixed(prefix)
-        if keep_logs:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
+        _delete(prefix)
+        if keep_logs or (not finished and not start_failed):
+            say(f"logs kept in {tmp}")
+        elif finished:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -278,7 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedded", action="store_true", help="run the schedulers inside workers (-B)")
     parser.add_argument("--cli", action="store_true", help="also print what `celery anarchon` shows")
     options = parser.parse_args(argv)
-    result = run(options.beats, options.duration, options.keep_logs, options.embedded)
+    try:
+        result = run(options.beats, options.duration, options.keep_logs, options.embedded)
+    except DemoError as exc:
+        say(str(exc))
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
     if options.json:
         print(json.dumps(result))
     else:

@@ -6,13 +6,21 @@ examples/demo.py, which these tests drive.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
+from typing import Any
 
 import demo
 import pytest
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
+
+#: A progress line of the 12 s demo below.
+TICK = re.compile(r"demo: \d+/12 s: \d+ runs executed so far, 0 duplicates; won by beat-1 \d+, beat-2 \d+")
 
 
 def assert_exactly_once(result: dict) -> None:
@@ -68,4 +76,58 @@ def test_the_demo_command(broker_url: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    # stdout: the table and its summary, nothing else.
+    assert done.stdout.startswith("job "), done.stdout
     assert "0 duplicated, 0 missed" in done.stdout
+    assert "demo:" not in done.stdout
+    # stderr: what it is doing, as it does it.
+    progress = done.stderr.splitlines()
+    for expected in ("demo: worker ready", "demo: beat-1 ready", "demo: beat-2 ready", "demo: stopping the worker"):
+        assert expected in progress, done.stderr
+    ticks = [line for line in progress if TICK.fullmatch(line)]
+    assert len(ticks) == 3, done.stderr  # at 5, 10 and 12 s
+    assert "Traceback" not in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(90)
+def test_the_demo_command_without_a_broker_says_so_in_one_line() -> None:
+    url = f"amqp://guest:s3cret@127.0.0.1:{_free_port()}//"
+    done = subprocess.run(
+        [sys.executable, str(demo.HERE / "demo.py")],
+        env=dict(os.environ, ANARCHON_DEMO_BROKER=url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "ANARCHON_DEMO_BROKER" in line and "rabbitmq-server -detached" in line
+    assert url.replace("s3cret", "**") in line
+    assert "s3cret" not in line and "Traceback" not in line
+
+
+@pytest.mark.timeout(120)
+def test_a_beat_that_does_not_start_is_reported_with_its_kept_log(
+    broker_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start_celery = demo.start_celery
+
+    def start_a_broken_beat(args: list[str], *rest: Any, **options: Any) -> subprocess.Popen[bytes]:
+        return start_celery([*args, "--no-such-option"] if args[0] == "beat" else args, *rest, **options)
+
+    monkeypatch.setattr(demo, "start_celery", start_a_broken_beat)
+    assert demo.main(["--beats", "1", "--duration", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "demo: beat-1 exited (status 2) before it was ready" in err, err
+    assert "no such option" in err.lower() and "Traceback" not in err
+    log = err.split("the end of its log (", 1)[1].split("):", 1)[0]
+    assert log.endswith("beat-1.log") and os.path.exists(log), err
+    shutil.rmtree(os.path.dirname(log))
