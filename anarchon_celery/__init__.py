@@ -4,10 +4,10 @@ Run ``celery -A proj beat -S anarchon_celery.Scheduler`` as many times as you li
 scheduled run is claimed in RabbitMQ by exactly one instance, which sends the task.
 """
 
-from . import signals  # noqa: F401 - connects the worker-side history recording
+from . import guard, signals  # noqa: F401 - connect the worker-side history recording, and beat checks
 from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend
 from .control import ManualRun, history, last_run, run_now
-from .errors import AnarchonError, BrokerError, BrokerUnavailable, ConfigError
+from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .history import Run
 from .jobs import Job, cron, task_id_for
 from .schedule import Cron, Interval, Schedule
@@ -44,4 +44,5 @@ __all__ = [
     "ConfigError",
     "BrokerError",
     "BrokerUnavailable",
+    "BrokerRefused",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AnarchonError", "BrokerError", "BrokerUnavailable", "ConfigError"]
+__all__ = ["AnarchonError", "BrokerError", "BrokerRefused", "BrokerUnavailable", "ConfigError"]
 
 
 class AnarchonError(Exception):
@@ -22,3 +22,9 @@ class BrokerError(AnarchonError):
 
 class BrokerUnavailable(BrokerError):
     """The broker could not be reached (yet): the scheduler keeps trying, runs meanwhile are lost."""
+
+
+class BrokerRefused(BrokerError):
+    """The broker answered but refused us: the login (user, password), the vhost, or the user's
+    permissions on it. Trying again does not help until the configuration or the broker's users
+    are fixed, so the scheduler stops at start with this error."""

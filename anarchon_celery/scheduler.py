@@ -18,8 +18,9 @@ from typing import Any, NamedTuple
 
 from celery import beat
 
-from . import clock
+from . import clock, stopping
 from .backends import Backend, Claim, Outcome, RabbitMQBackend
+from .backends.rabbitmq import reset_connection
 from .connections import keep_alive, negotiated_heartbeat
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
@@ -58,6 +59,9 @@ class Scheduler(beat.Scheduler):
     files_warning = 500
     #: Seconds without connecting for sending tasks ahead of the runs after an attempt failed.
     connect_backoff_s = 5.0
+    #: A configuration error at start (a job, a setting, a refused login) is logged as one line
+    #: and exits with status 1. False: it is raised as it is (embedding the scheduler, tests).
+    exit_on_error = True
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
@@ -82,15 +86,24 @@ class Scheduler(beat.Scheduler):
     # -- set-up -------------------------------------------------------------------------------
 
     def setup_schedule(self) -> None:
-        deployment = configure(self.app)
-        backend = deployment.backend
         try:
-            backend.open()
-            reachable = True
-        except BrokerUnavailable as exc:
-            # Not a reason to exit (and be restarted in a loop): claims keep trying to connect.
-            logger.error("anarchon: %s; runs are not claimed until it answers", exc)
-            reachable = False
+            deployment = configure(self.app)
+            backend = deployment.backend
+            try:
+                backend.open()
+                reachable = True
+            except BrokerUnavailable as exc:
+                # Not a reason to exit (and be restarted in a loop): claims keep trying to connect.
+                logger.error("anarchon: %s; runs are not claimed until it answers", exc)
+                reachable = False
+        except AnarchonError as exc:
+            # A job, a setting or the broker's answer (refused login, no vhost, too old) that only a
+            # change of configuration fixes: one clear line and a failed exit, not a traceback
+            # (Celery logs any other exception's twice, one line at a time).
+            if not self.exit_on_error:
+                raise
+            logger.critical("anarchon: %s. beat is not started", exc)
+            raise SystemExit(1) from exc
         self.backend = backend
         self.jobs = deployment.jobs
         self.lead_ms = deployment.settings.lead_ms
@@ -109,7 +122,15 @@ class Scheduler(beat.Scheduler):
             self._connect_sender()
         self._defer_stop_signals()
         self._check_footprint(backend, start)
-        logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+        if reachable:
+            logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+        else:
+            logger.warning(
+                "anarchon: started as %s with %d job(s), not ready: waiting for %s",
+                self.instance,
+                len(self.jobs),
+                backend.describe(),
+            )
 
     def _check_footprint(self, backend: Backend, now_ms: int) -> None:
         """Warn when the jobs keep more queues alive on RabbitMQ than it may hold files for."""
@@ -133,7 +154,9 @@ class Scheduler(beat.Scheduler):
 
     def _defer_stop_signals(self) -> None:
         """SIGTERM or SIGINT during a claim or a send waits for them to finish (beat's own handler
-        then closes the connections and exits), so that a run won is not left unsent."""
+        then closes the connections and exits), so that a run won is not left unsent; but for
+        :data:`~anarchon_celery.stopping.GRACE_S` at most, whatever the broker does (a second
+        signal: at once). See :mod:`anarchon_celery.stopping`."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -143,8 +166,15 @@ class Scheduler(beat.Scheduler):
 
             def handler(signum: int, frame: Any, original: Any = original) -> None:
                 if self._busy:
+                    first = self._stop_requested is None
                     self._stop_requested = (original, signum, frame)
+                    if first:
+                        logger.info(
+                            "anarchon: stop requested: finishing the runs in progress (%gs at most)", stopping.GRACE_S
+                        )
+                    stopping.request()  # a second signal raises Stopping here, inside the broker wait
                 else:
+                    stopping.request()  # closing the connections is bounded too
                     original(signum, frame)
 
             signal.signal(signum, handler)
@@ -176,33 +206,38 @@ class Scheduler(beat.Scheduler):
         if not self._connect_after:
             self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
         sent: list[tuple[Outgoing, int]] = []
-        # Every run due now, in batches; a stop signal waits for the batch in progress only. The
-        # jobs' next runs are queued once the runs due are claimed and sent (working them out
-        # takes a fraction of a millisecond per cron job, more on a busy machine): those already
-        # due are run next, in the same wake-up.
+        # Every run due now, in batches; a stop signal waits for the batch in progress only (and
+        # for stopping.GRACE_S at most). The jobs' next runs are queued once the runs due are
+        # claimed and sent (working them out takes a fraction of a millisecond per cron job, more
+        # on a busy machine): those already due are run next, in the same wake-up.
         self._busy = True
         try:
-            while self._is_due():
-                taken: list[tuple[_Due, int]] = []  # the runs taken off the queue, with when
+            with stopping.waiting():
                 try:
                     while self._is_due():
-                        now = clock.now_ms()
-                        due: list[_Due] = []
-                        while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
-                            due.append(heapq.heappop(self._queue))
-                        taken += ((item, now) for item in due)
-                        sent += self._run(due, now)
+                        taken: list[tuple[_Due, int]] = []  # the runs taken off the queue, with when
+                        try:
+                            while self._is_due():
+                                now = clock.now_ms()
+                                due: list[_Due] = []
+                                while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
+                                    due.append(heapq.heappop(self._queue))
+                                taken += ((item, now) for item in due)
+                                sent += self._run(due, now)
+                        finally:
+                            self._queue_next(taken)
                 finally:
-                    self._queue_next(taken)
+                    if not stopping.expired():
+                        self._record(sent)  # after every claim and send due now: history never delays a run
+        except stopping.Stopping:
+            self._abandon()
         finally:
-            try:
-                self._record(sent)  # after every claim and send due now: history never delays a run
-            finally:
-                self._busy = False
+            self._busy = False
         if self._stop_requested is not None:
             handler, signum, frame = self._stop_requested
             self._stop_requested = None
-            logger.info("anarchon: stopping, the runs in progress are done")
+            if not stopping.expired():
+                logger.info("anarchon: stopping, the runs in progress are done")
             handler(signum, frame)
         self._prepare(backend)
         self._connect_sender()  # lost during the sends: not at the next runs' expense
@@ -262,7 +297,8 @@ class Scheduler(beat.Scheduler):
             # last claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
             late = now - item.due_ms
             if late > job.max_late_ms:
-                logger.warning(
+                logger.log(
+                    self._skip_level(item.slot, item.slot + 1),
                     "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
                     job.name,
                     item.slot,
@@ -304,6 +340,19 @@ class Scheduler(beat.Scheduler):
                 runs.append(outgoing(claim))
         return self._send(runs) if runs else []
 
+    def _skip_level(self, first: int, end: int, schedule: Schedule | None = None) -> int:
+        """The log level of runs skipped as too late (the slots in ``[first, end)`` of ``schedule``,
+        or the one at ``first``): debug during an outage, which the backend reports with the runs
+        missed (these counted in) when it ends."""
+        backend = self.backend
+        if backend is None or not backend.in_outage():
+            return logging.WARNING
+        if schedule is None:
+            backend.missed(1)
+        else:
+            backend.missed(sum(1 for _, _ in zip(range(100_000), schedule.slots(first, end))))
+        return logging.DEBUG
+
     def _schedule_after(self, job: Job, slot: int, now: int, known: dict[tuple[Schedule, int], int]) -> None:
         """Queue the job's next run; runs already too late to claim are skipped at once. ``known``
         holds the next slots already worked out, by schedule and slot."""
@@ -312,7 +361,8 @@ class Scheduler(beat.Scheduler):
             following = known[job.schedule, slot] = job.next_slot(slot)
         if following + job.max_late_ms < now:
             resume = job.next_slot(now - job.max_late_ms - 1)
-            logger.warning(
+            logger.log(
+                self._skip_level(following, resume, job.schedule),
                 "anarchon: job %r: runs from slot %d up to slot %d are more than max_late_ms "
                 "(%d) late; skipped, runs are not caught up",
                 job.name,
@@ -369,10 +419,12 @@ class Scheduler(beat.Scheduler):
 
     @cached_property
     def connection(self) -> Any:
-        """The connection tasks are sent on: the app's broker, with publisher confirms (so that
-        a message the broker refused is an error logged with its job and slot, not a task
-        silently lost), heartbeats and timeouts (so that a dead broker is noticed)."""
-        return task_connection(self.app, heartbeat=60)
+        """The connection tasks are sent on: the app's broker, with publisher confirms on AMQP (so
+        that a message the broker refused is an error logged with its job and slot, not a task
+        silently lost; other brokers have none, see :mod:`.sending`), heartbeats where the
+        transport has them (``broker_heartbeat``) and timeouts (so that a dead broker is noticed)."""
+        heartbeat = self.app.conf.get("broker_heartbeat")
+        return task_connection(self.app, heartbeat=float(heartbeat) if heartbeat else 0.0)
 
     @cached_property
     def sender(self) -> TaskSender:
@@ -409,11 +461,39 @@ class Scheduler(beat.Scheduler):
             connection.collect()
             self.sender.close()
 
+    def _abandon(self) -> None:
+        """A stop's grace period ran out in the middle of claims or sends: drop every connection
+        at once (a broker that does not answer would not answer a goodbye either)."""
+        logger.warning(
+            "anarchon: stopping now, %gs after the stop signal: runs whose claim was not answered yet are "
+            "not won by this instance, and a task written but not yet confirmed may not have been sent",
+            stopping.GRACE_S,
+        )
+        self._drop_connections()
+
+    def _drop_connections(self, connection: Any = None) -> None:
+        if self.backend is not None:
+            self.backend.abandon()
+        connection = self.__dict__.get("connection", connection)
+        if connection is not None:
+            reset_connection(connection)
+        if "sender" in self.__dict__:
+            self.sender.close()
+
     def close(self) -> None:
+        """Close the connections; after a stop signal, within its grace period (then they are
+        dropped without a goodbye)."""
+        connection = self.__dict__.get("connection")  # super().close() forgets it before releasing it
         try:
-            super().close()
+            with stopping.waiting():
+                try:
+                    super().close()
+                finally:
+                    if self.backend is not None:
+                        self.backend.close()
+        except stopping.Stopping:
+            self._drop_connections(connection)
         finally:
             if threading.current_thread() is threading.main_thread():
                 self._restore_signals()
-            if self.backend is not None:
-                self.backend.close()
+                stopping.reset()

@@ -144,6 +144,101 @@ def test_sigterm_during_a_claim_finishes_it_and_sends_the_task(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("outage", ["refused", "silent"])
+def test_a_stop_takes_effect_at_once_while_the_broker_is_unreachable(
+    beat_env: dict[str, str], tmp_path: Path, outage: str
+) -> None:
+    """With max_late_ms 60 s, claims would keep trying for a minute: a stop must not wait for them."""
+    proxy = Proxy()
+    log = tmp_path / "beat.log"
+    env = dict(
+        beat_env,
+        HISTORY_APP_BACKEND=proxy.url(),
+        HISTORY_APP_MAX_LATE_MS="60000",
+        HISTORY_APP_SLOT_TTL_MS="300000",
+    )
+    beat = start_beat(env, log)
+    try:
+        seen = wait_for(log, "won, sent", beat)
+        if outage == "refused":
+            proxy.close()  # connections cut, new ones refused
+        else:
+            proxy.stall()  # a black hole: no answer, no close
+        seen = wait_for(log, "anarchon: claiming", beat, after=seen)  # a claim is waiting on the broker
+        time.sleep(1)
+        beat.send_signal(signal.SIGTERM)
+        try:
+            status = beat.wait(20)  # a stop takes stopping.GRACE_S (2 s); before, up to max_late_ms
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"beat still running 20 s after SIGTERM:\n{log.read_text()[-3000:]}") from None
+        assert status == 0
+        text = log.read_text(errors="replace")
+        assert "anarchon: stop requested" in text[seen:]
+        assert "anarchon: stopping now" in text[seen:]
+        assert "Traceback" not in text
+    finally:
+        kill(beat)
+        proxy.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
+    beat_env: dict[str, str], broker_url: str, tmp_path: Path
+) -> None:
+    proxy = Proxy()
+    port = proxy.port
+    log = tmp_path / "beat.log"
+    env = dict(beat_env, HISTORY_APP_BACKEND=proxy.url(), HISTORY_APP_EVERY="1", HISTORY_APP_MAX_LATE_MS="1000")
+    beat = start_beat(env, log)
+    try:
+        seen = wait_for(log, "won, sent", beat)
+        proxy.close()  # RabbitMQ goes away for many times the lateness allowed to the job due every second
+        start = wait_for(log, "is unavailable (", beat, after=seen)
+        time.sleep(8)
+        proxy = Proxy(port=port)  # and comes back
+        end = wait_for(log, "run(s) were not claimed meanwhile", beat, after=start)
+        wait_for(log, "won, sent", beat, after=end)
+    finally:
+        kill(beat)
+        proxy.close()
+    text = log.read_text(errors="replace")
+    during = [line for line in text[start:end].splitlines() if "WARNING/" in line or "ERROR/" in line]
+    assert len(during) == 1 and "is back after" in during[0], during  # no line per job and slot
+    missed = int(during[0].split("; ")[-1].split()[0])
+    assert missed >= 4, during[0]  # about 7 runs of the job every second
+    assert "guest:guest@" not in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ({"HISTORY_APP_BACKEND": "amqp://guest:s3cret-wrong@127.0.0.1:5672//"}, "refused the login of user 'guest'"),
+        ({"HISTORY_APP_BACKEND": "amqp://guest:guest@127.0.0.1:5672/no-such-vhost"}, "has no vhost 'no-such-vhost'"),
+        ({"HISTORY_APP_BAD": "1"}, "job 'bad': invalid cron spec '61 * * * *'"),
+    ],
+    ids=["password", "vhost", "config"],
+)
+def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
+    beat_env: dict[str, str], tmp_path: Path, setting: dict[str, str], expected: str
+) -> None:
+    log = tmp_path / "beat.log"
+    beat = start_beat(dict(beat_env, **setting), log)
+    try:
+        status = beat.wait(60)
+    finally:
+        kill(beat)
+    text = log.read_text(errors="replace")
+    assert status == 1, text[-3000:]
+    lines = [line for line in text.splitlines() if expected in line and "CRITICAL/" in line]
+    assert len(lines) == 1, text[-3000:]
+    assert "beat is not started" in lines[0]
+    assert "Traceback" not in text
+    assert "ready as" not in text
+    assert "s3cret" not in text
+
+
+@pytest.mark.timeout(120)
 def test_a_broker_missing_at_start_is_waited_for(
     beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
 ) -> None:

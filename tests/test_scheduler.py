@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 import anarchon_celery
-from anarchon_celery import ConfigError, MemoryBackend, Scheduler, task_id_for
+from anarchon_celery import ConfigError, MemoryBackend, RabbitMQBackend, Scheduler, task_id_for
 from anarchon_celery import clock as clock_module
 from anarchon_celery.backends.rabbitmq import gate_name
 from anarchon_celery.connections import negotiated_heartbeat
@@ -332,8 +332,17 @@ def test_banner_names_backend_prefix_and_jobs_without_the_password(app: Celery, 
 
 def test_configuration_errors_fail_at_start_with_the_job_named(app: Celery) -> None:
     app.conf.beat_schedule = {"bad": {"task": "tasks.work", "schedule": "99 * * * *"}}
-    with pytest.raises(ConfigError, match="job 'bad': invalid cron spec"):
+    with pytest.raises(SystemExit) as exited:  # as beat runs it: one line logged, exit status 1
         Scheduler(app)
+    assert exited.value.code == 1
+    assert isinstance(exited.value.__cause__, ConfigError)
+    assert "job 'bad': invalid cron spec" in str(exited.value.__cause__)
+
+    class Embedded(Scheduler):
+        exit_on_error = False
+
+    with pytest.raises(ConfigError, match="job 'bad': invalid cron spec"):
+        Embedded(app)
     assert "configuration error: job 'bad'" in Scheduler(app, lazy=True).info
 
 
@@ -387,3 +396,21 @@ def test_more_live_queues_than_a_broker_holds_files_for_is_warned_at_start(
     warning = f"these jobs keep up to about {jobs * 61} gate queues (slot_ttl_ms 60000) and "
     assert (warning in caplog.text) is warned
     assert "anarchon: ready as" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["app", "url"])
+def test_broker_heartbeat_and_connection_timeout_are_honoured(app: Celery, broker_url: str, backend: str) -> None:
+    app.conf.broker_heartbeat = 30
+    app.conf.broker_connection_timeout = 2.5
+    if backend == "url":  # claims through a URL of their own, tasks through the app's broker
+        app.conf.anarchon_backend = broker_url
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 60.0}}
+    scheduler = Scheduler(app)
+    try:
+        assert isinstance(scheduler.backend, RabbitMQBackend)
+        claims = scheduler.backend.connection
+        assert (claims.heartbeat, claims.connect_timeout) == (30, 2.5)
+        assert scheduler.connection.heartbeat == 30  # the task connection
+        assert negotiated_heartbeat(claims) == 30  # agreed with the broker
+    finally:
+        scheduler.close()

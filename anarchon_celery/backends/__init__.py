@@ -8,7 +8,7 @@ from ..errors import ConfigError
 from ..settings import Settings
 from .base import Backend, Claim, Outcome
 from .memory import MemoryBackend
-from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend
+from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
 
 __all__ = ["Backend", "Claim", "MemoryBackend", "Outcome", "RabbitMQBackend", "backend_for"]
 
@@ -47,7 +47,9 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                 _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
             return _MEMORY[shared]
         if scheme in AMQP_SCHEMES:
-            return RabbitMQBackend(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+            return RabbitMQBackend(
+                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
+            )
         raise ConfigError(
             f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, memory:// "
             "(one process, for tests) or a Backend instance"

@@ -110,6 +110,17 @@ class Backend(abc.ABC):
         """Keep idle connections healthy (heartbeats). Called at every wake-up; cheap."""
         return None
 
+    def in_outage(self) -> bool:
+        """Whether the backend cannot reach its store right now. The backend logs one line when an
+        outage starts, a reminder a minute while it lasts, and one line when it ends with the runs
+        missed meanwhile; the scheduler then logs the runs it skips at debug level only and
+        counts them with :meth:`missed`."""
+        return False
+
+    def missed(self, count: int) -> None:
+        """Count runs skipped by the scheduler during the current outage (see :meth:`in_outage`)."""
+        return None
+
     def max_idle_s(self) -> float | None:
         """The longest the scheduler may sleep between :meth:`maintain` calls, if bounded."""
         return None
@@ -149,3 +160,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release what :meth:`open` took. Connections passed in by the caller stay open."""
+
+    def abandon(self) -> None:
+        """Drop every connection at once, without waiting for the broker: the process is stopping
+        and its grace period ran out (a broker that does not answer would not answer a goodbye
+        either). Work in progress is lost: a claim not answered yet is not won. Never raises."""
+        self.close()

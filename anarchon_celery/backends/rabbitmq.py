@@ -36,11 +36,11 @@ from kombu.utils.url import maybe_sanitize_url
 
 from .. import clock
 from ..connections import keep_alive, negotiated_heartbeat
-from ..errors import BrokerError, BrokerUnavailable, ConfigError
+from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ..history import decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 
-__all__ = ["RabbitMQBackend", "gate_arguments", "gate_name", "history_arguments", "history_name"]
+__all__ = ["RabbitMQBackend", "gate_arguments", "gate_name", "history_arguments", "history_name", "reset_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +58,27 @@ READ_SLICE = 0.05
 PREPARE_BACKOFF = 5.0
 
 
+#: Seconds a connection attempt may take, by default (Celery's broker_connection_timeout is 4).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: The AMQP heartbeat of the backend's own connection, by default (Celery's broker_heartbeat is 120).
+DEFAULT_HEARTBEAT = 60.0
+
+
 def _own_connection_options(confirm_timeout: float) -> dict[str, Any]:
     """kombu Connection options for a connection of the backend's own."""
+    # Every broker answer is awaited at most this long: a silent broker is an outage.
+    return {"transport_options": {"read_timeout": confirm_timeout, "write_timeout": confirm_timeout}}
+
+
+def app_connection_options(app: Any) -> dict[str, Any]:
+    """The heartbeat and connect timeout of the app's ``broker_heartbeat`` and
+    ``broker_connection_timeout`` settings, for connections of ours to its brokers."""
+    conf = app.conf
+    heartbeat = conf.get("broker_heartbeat")
+    timeout = conf.get("broker_connection_timeout")
     return {
-        "connect_timeout": 5,
-        # Every broker answer is awaited at most this long: a silent broker is an outage.
-        "transport_options": {"read_timeout": confirm_timeout, "write_timeout": confirm_timeout},
+        "heartbeat": float(heartbeat) if heartbeat is not None else 0.0,
+        "connect_timeout": float(timeout) if timeout else DEFAULT_CONNECT_TIMEOUT,
     }
 
 
@@ -304,7 +319,10 @@ class RabbitMQBackend(Backend):
             ``x-expires``). A job's ``jitter_ms + max_late_ms`` must be shorter.
         confirm_timeout: seconds to wait for any answer of the broker (a declare, a claim's
             confirm) before treating the claim as not won.
-        heartbeat: AMQP heartbeat of the backend's own connection, in seconds (0: none).
+        heartbeat: AMQP heartbeat of the backend's own connection, in seconds (0: none). From
+            the app's settings, it is ``broker_heartbeat``.
+        connect_timeout: seconds one connection attempt may take. From the app's settings, it is
+            ``broker_connection_timeout``.
         ssl: as kombu's ``Connection(ssl=...)``.
     """
 
@@ -316,7 +334,8 @@ class RabbitMQBackend(Backend):
         slot_ttl_ms: int = 300_000,
         *,
         confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
-        heartbeat: float = 60,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         ssl: Any = None,
     ) -> None:
         self.prefix = check_prefix(prefix)
@@ -335,7 +354,13 @@ class RabbitMQBackend(Backend):
             if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
                 shown = maybe_sanitize_url(url) if isinstance(url, str) else repr(url)
                 raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {shown}")
-            connection = Connection(url, heartbeat=heartbeat, ssl=ssl, **_own_connection_options(self.confirm_timeout))
+            connection = Connection(
+                url,
+                heartbeat=heartbeat,
+                ssl=ssl,
+                connect_timeout=connect_timeout,
+                **_own_connection_options(self.confirm_timeout),
+            )
         elif not isinstance(connection, Connection):
             raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
         elif connection.transport_cls not in AMQP_SCHEMES:
@@ -352,12 +377,16 @@ class RabbitMQBackend(Backend):
         self._prepare_after = 0.0  # monotonic: no new connection for prepare() before then
         self._opened = False
         self._outage_since: float | None = None
+        self._outage_missed = 0  # runs not claimed during the current outage
+        self._outage_reminded = 0.0  # time.monotonic() of its last line
 
     @classmethod
     def from_app(cls, app: Any, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RabbitMQBackend:
         """A backend on the app's broker, with a connection of its own built from every
         ``broker_*`` setting (failover URLs, TLS, login method, transport options)."""
-        connection = app.connection_for_write(heartbeat=60, **_own_connection_options(DEFAULT_CONFIRM_TIMEOUT))
+        connection = app.connection_for_write(
+            **app_connection_options(app), **_own_connection_options(DEFAULT_CONFIRM_TIMEOUT)
+        )
         backend = cls(connection=connection, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
         backend._owned = True
         return backend
@@ -373,7 +402,10 @@ class RabbitMQBackend(Backend):
             raise self._unreachable(exc) from exc
         self._check_server()
 
-    def _unreachable(self, exc: BaseException) -> BrokerUnavailable:
+    def _unreachable(self, exc: BaseException) -> BrokerUnavailable | BrokerRefused:
+        refusal = _refusal(exc, self.connection)
+        if refusal is not None:
+            return BrokerRefused(f"RabbitMQ at {self.connection.as_uri()} {refusal}")
         return BrokerUnavailable(
             f"cannot reach RabbitMQ at {self.connection.as_uri()}: {exc}. Check that it is "
             "running and that anarchon_backend (or broker_url) points at it"
@@ -398,6 +430,14 @@ class RabbitMQBackend(Backend):
         self._ready.clear()
         if self._preparer is not None:
             self._preparer.close()
+            self._preparer = None
+
+    def abandon(self) -> None:
+        self._opened = False
+        self._discard(connection_lost=True)
+        self._ready.clear()
+        if self._preparer is not None:
+            self._preparer.close(broken=True)
             self._preparer = None
 
     def describe(self) -> str:
@@ -539,8 +579,9 @@ class RabbitMQBackend(Backend):
                 left = _seconds_until(just_claims)
                 if attempt == 2 or (left is not None and left <= 0):
                     self._outage(exc)
+                    self._outage_missed += len(claims)  # reported once, when the outage ends
                     for claim, gate in claims:
-                        logger.warning(
+                        logger.debug(
                             "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
                             claim.job,
                             claim.slot,
@@ -817,7 +858,7 @@ class RabbitMQBackend(Backend):
                 except TimeoutError:
                     break
             channel.close()
-        except BrokerUnavailable:
+        except (BrokerUnavailable, BrokerRefused):
             raise
         except self._errors() as exc:
             self._discard(connection_lost=True)
@@ -971,7 +1012,7 @@ class RabbitMQBackend(Backend):
         return (
             self.connection.connection_errors
             + self.connection.channel_errors
-            + (OSError, TimeoutError, OperationalError, amqp.exceptions.AMQPError, BrokerUnavailable)
+            + (OSError, TimeoutError, OperationalError, amqp.exceptions.AMQPError, BrokerUnavailable, BrokerRefused)
         )
 
     def _connect(self, timeout: float | None) -> amqp.Connection:
@@ -988,7 +1029,7 @@ class RabbitMQBackend(Backend):
                 timeout=max(0.5, timeout) if timeout else None,
             )
         except self._errors() as exc:
-            if not self._opened and not isinstance(exc, BrokerUnavailable):
+            if not self._opened and not isinstance(exc, (BrokerUnavailable, BrokerRefused)):
                 raise self._unreachable(exc) from exc  # never reached yet: say where, and what to check
             raise
         if not self._opened:
@@ -1009,30 +1050,88 @@ class RabbitMQBackend(Backend):
         if self._owned or connection_lost:
             self.connection.collect()
 
+    #: Seconds between two reminders that an outage goes on.
+    outage_reminder_s = 60.0
+
+    def in_outage(self) -> bool:
+        return self._outage_since is not None
+
+    def missed(self, count: int) -> None:
+        self._outage_missed += count
+
     def _outage(self, exc: BaseException) -> None:
+        """One line when an outage starts, then one every ``outage_reminder_s`` while it lasts."""
+        now = time.monotonic()
+        refusal = _refusal(exc, self.connection)
+        reason = refusal or f"is unavailable ({type(exc).__name__}: {exc})"
         if self._outage_since is None:
-            self._outage_since = time.monotonic()
+            self._outage_since = self._outage_reminded = now
+            self._outage_missed = 0
             logger.warning(
-                "anarchon: RabbitMQ at %s is unavailable (%s: %s); reconnecting with back-off",
+                "anarchon: RabbitMQ at %s %s; reconnecting with back-off. Runs due meanwhile are not run by "
+                "this instance",
                 self.connection.as_uri(),
-                type(exc).__name__,
-                exc,
+                reason,
+            )
+        elif now - self._outage_reminded >= self.outage_reminder_s:
+            self._outage_reminded = now
+            logger.warning(
+                "anarchon: RabbitMQ at %s still %s after %.0fs; %d run(s) not claimed so far",
+                self.connection.as_uri(),
+                "refuses us" if refusal else "unavailable",
+                now - self._outage_since,
+                self._outage_missed,
             )
 
     def _recovered(self) -> None:
         if self._outage_since is not None:
             logger.warning(
-                "anarchon: RabbitMQ at %s is back after %.1fs",
+                "anarchon: RabbitMQ at %s is back after %.1fs; %d run(s) were not claimed meanwhile",
                 self.connection.as_uri(),
                 time.monotonic() - self._outage_since,
+                self._outage_missed,
             )
             self._outage_since = None
+            self._outage_missed = 0
+
+
+def _refusal(exc: BaseException, connection: Connection) -> str | None:
+    """What the broker refused, with the fix, when ``exc`` is a refusal (login, vhost,
+    permissions) rather than a broker out of reach; None otherwise."""
+    text = _text(getattr(exc, "reply_text", "") or exc)
+    user, vhost = connection.userid, connection.virtual_host
+    if isinstance(exc, amqp.exceptions.AccessRefused) and "login" in text.lower():
+        return (
+            f"refused the login of user {user!r} ({text}): check the user name and password in "
+            "anarchon_backend (or broker_url)"
+        )
+    if isinstance(exc, amqp.exceptions.NotAllowed):
+        if "not found" in text:
+            return (
+                f"has no vhost {vhost!r} ({text}): create it (rabbitmqctl add_vhost {vhost}) or fix the "
+                "vhost at the end of the URL"
+            )
+        return (
+            f"refused user {user!r} on vhost {vhost!r} ({text}): give it permissions "
+            f"(rabbitmqctl set_permissions -p {vhost} {user} '.*' '.*' '.*', or at least on the "
+            "anarchon_prefix names)"
+        )
+    return None
 
 
 def _seconds_until(claims: Sequence[Claim]) -> float | None:
     """Seconds left before the earliest deadline of the claims (None: no deadline)."""
     deadlines = [c.deadline_ms for c in claims if c.deadline_ms is not None]
     return (min(deadlines) - clock.now_ms()) / 1000 if deadlines else None
+
+
+def reset_connection(connection: Connection) -> None:
+    """Drop ``connection`` at once, without the closing handshake, discarding what the kernel has
+    not delivered yet (see :func:`_abort`). Never raises; the connection connects again if used."""
+    with contextlib.suppress(Exception):
+        _abort(connection)
+    with contextlib.suppress(Exception):
+        connection.collect()
 
 
 def _abort(connection: Connection) -> None:
