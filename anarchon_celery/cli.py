@@ -1,24 +1,40 @@
 """``celery -A proj anarchon ...``: see and act on the app's schedules.
 
 Registered through Celery's ``celery.commands`` entry point, so it runs with the app's own
-configuration. Tables by default, JSON with ``--json``; errors are one line and exit 1.
+configuration, after importing the app's task modules as ``celery beat`` does. Tables by default,
+JSON with ``--json``; errors are one line and exit 1. Every connection a command opens is closed
+before it returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
-from collections.abc import Callable, Sequence
+import shlex
+import subprocess
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
 
 from . import clock
-from .control import Deployment, configure, history, run_now
+from .backends import RabbitMQBackend
+from .control import (
+    Deployment,
+    configure,
+    delete_history_stream,
+    history,
+    history_job,
+    history_streams,
+    rabbitmq_backend,
+    run_now,
+)
 from .errors import AnarchonError
 from .history import Run, fold
-from .jobs import Job
+from .jobs import JOB_NAME_RE, Job
 from .schedule import from_ms
 
 __all__ = ["anarchon"]
@@ -45,8 +61,41 @@ def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+#: Apps whose task modules this process has imported.
+_IMPORTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _app(ctx: click.Context) -> Any:
-    return ctx.obj.app
+    """The app, with its task modules imported once, as ``celery beat`` and ``celery worker`` do
+    (``imports``, ``include``, ``app.autodiscover_tasks()``): their ``@cron`` jobs and the tasks
+    of ``beat_schedule`` are registered only then."""
+    app = ctx.obj.app
+    if app not in _IMPORTED:
+        if not app.loader.worker_initialized:  # else beat or a worker of this process did it
+            app.loader.import_default_modules()
+        _IMPORTED.add(app)
+    return app
+
+
+@contextlib.contextmanager
+def _deployment(ctx: click.Context) -> Iterator[Deployment]:
+    """The app's deployment, whose connections are all closed when the command is done.
+
+    ``Deployment.release`` leaves a backend instance held by the app's settings open, for the
+    rest of a process that shares it: here the process ends with the command, so when the command
+    is what connected it, the command closes it too (a kombu connection given to that instance
+    included) rather than leave the broker to find the socket gone.
+    """
+    deployment = configure(_app(ctx))
+    connection = getattr(deployment.backend, "connection", None)
+    was_connected = connection is not None and connection.connected
+    try:
+        yield deployment
+    finally:
+        deployment.release()
+        if connection is not None and not was_connected and connection.connected:
+            deployment.backend.close()
+            connection.release()
 
 
 def _iso(ms: int | None, tz: dt.tzinfo = dt.timezone.utc) -> str | None:
@@ -76,7 +125,7 @@ def _run_dict(run: Run) -> dict[str, Any]:
 
 @click.group(name="anarchon")
 def anarchon() -> None:
-    """anarchon_celery: the jobs, their history, manual runs and a config check."""
+    """anarchon_celery: the jobs, their history, manual runs, a config check and pruning."""
 
 
 @anarchon.command()
@@ -85,11 +134,8 @@ def anarchon() -> None:
 @_fail_cleanly
 def jobs(ctx: click.Context, as_json: bool) -> None:
     """Every job: schedule, time zone, next run, last run and its status."""
-    deployment = configure(_app(ctx))
-    try:
+    with _deployment(ctx) as deployment:
         events = deployment.backend.read_history(sorted(n for n, j in deployment.jobs.items() if j.history_size))
-    finally:
-        deployment.release()
     now = clock.now_ms()
     data, rows = [], []
     for name, job in sorted(deployment.jobs.items()):
@@ -120,8 +166,8 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
 @_fail_cleanly
 def next_runs(ctx: click.Context, job: str, count: int, as_json: bool) -> None:
     """The next N run times of JOB, local (the job's time zone) and UTC."""
-    deployment = configure(_app(ctx))
-    spec: Job = deployment.job(job)
+    with _deployment(ctx) as deployment:
+        spec: Job = deployment.job(job)
     slots, slot = [], clock.now_ms()
     for _ in range(count):
         slot = spec.next_slot(slot)
@@ -140,9 +186,9 @@ def next_runs(ctx: click.Context, job: str, count: int, as_json: bool) -> None:
 @_fail_cleanly
 def history_command(ctx: click.Context, job: str, count: int, as_json: bool) -> None:
     """Recent runs of JOB, newest first: status, times, instance, worker, error."""
-    deployment: Deployment = configure(_app(ctx))
-    runs = history(_app(ctx), job, count, deployment=deployment)
-    tz = deployment.job(job).tz
+    with _deployment(ctx) as deployment:
+        runs = history(_app(ctx), job, count, deployment=deployment)
+        tz = deployment.job(job).tz
     rows = [
         [
             run.run_id,
@@ -168,7 +214,8 @@ def history_command(ctx: click.Context, job: str, count: int, as_json: bool) -> 
 @_fail_cleanly
 def run_now_command(ctx: click.Context, job: str, as_json: bool) -> None:
     """Send JOB's task now, outside its schedule (recorded with trigger 'manual')."""
-    run = run_now(_app(ctx), job)
+    with _deployment(ctx) as deployment:
+        run = run_now(_app(ctx), job, deployment=deployment)
     if as_json:
         click.echo(json.dumps({"job": run.job, "run_id": run.run_id, "task_id": run.task_id}))
     else:
@@ -193,9 +240,10 @@ def check(ctx: click.Context, as_json: bool) -> None:
             return False
 
     holder: dict[str, Deployment] = {}
+    opened = contextlib.ExitStack()
 
     def config() -> str:
-        holder["d"] = configure(_app(ctx))
+        holder["d"] = opened.enter_context(_deployment(ctx))
         return f"{len(holder['d'].jobs)} job(s) valid: names, schedules, time zones, options, safety rule"
 
     def broker() -> str:
@@ -209,12 +257,9 @@ def check(ctx: click.Context, as_json: bool) -> None:
         holder["d"].backend.check_history()
         return "history streams can be created"
 
-    if step("config", config):
-        try:
-            if step("broker", broker):
-                step("streams", streams)
-        finally:
-            holder["d"].release()
+    with opened:
+        if step("config", config) and step("broker", broker):
+            step("streams", streams)
     ok = all(c["ok"] for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": checks}))
@@ -223,3 +268,100 @@ def check(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"{'ok  ' if c['ok'] else 'FAIL'}  {c['check']:<8} {c['detail']}")
     if not ok:
         ctx.exit(1)
+
+
+@anarchon.command(
+    epilog="Examples: `celery -A proj anarchon prune` (on the broker's host), then `... prune --yes`; "
+    "`... prune --rabbitmqctl 'ssh rabbit.internal sudo rabbitmqctl'`; `... prune old-report --yes`."
+)
+@click.argument("names", nargs=-1, metavar="[JOB|STREAM]...")
+@click.option("--yes", is_flag=True, help="Delete the streams listed. Without it, prune only lists them.")
+@click.option(
+    "--rabbitmqctl",
+    "rabbitmqctl",
+    default="rabbitmqctl",
+    show_default=True,
+    metavar="COMMAND",
+    help="How to run rabbitmqctl to list the queues, when no JOB is given.",
+)
+@json_option
+@click.pass_context
+@_fail_cleanly
+def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: str, as_json: bool) -> None:
+    """Delete the history streams of jobs that are gone: a dry run (a list) unless --yes.
+
+    A job's history is a stream <prefix><job>.history. Deleting a job's configuration leaves its
+    stream, and its runs, on the broker; this finds those of the deployment's prefix whose job is
+    not among the app's jobs.
+
+    AMQP cannot list queues, so without arguments the candidates are the streams that
+    `rabbitmqctl list_queues` shows in the backend's vhost: run prune where rabbitmqctl reaches
+    the broker (its own host), or say how to run it, e.g. --rabbitmqctl 'ssh rabbit.internal sudo
+    rabbitmqctl'. With arguments (job names, or stream names <prefix><job>.history) nothing is
+    listed: each must be a job that is not configured, whose stream exists.
+
+    Every stream is looked up, and deleted, over AMQP on the deployment's own connection. A
+    configured job's stream is never deleted. Prune once every beat and worker runs the new
+    configuration: one that still has the job makes its stream again. Queues of another
+    deployment whose prefix starts with this one's look alike: read the list before --yes.
+    """
+    with _deployment(ctx) as deployment:
+        backend = rabbitmq_backend(deployment)
+        prefix = backend.prefix
+        if names:
+            jobs = sorted({_named_job(deployment, prefix, name) for name in names})
+            found = history_streams(deployment, jobs)
+            missing = [job for job in jobs if not found[job]]
+            if missing:
+                streams = ", ".join(f"{prefix}{job}.history" for job in missing)
+                raise click.ClickException(f"no history stream {streams} on this broker: nothing pruned")
+        else:
+            listed = {history_job(prefix, queue) for queue in _listed_streams(backend, rabbitmqctl)}
+            found = history_streams(deployment, sorted(j for j in listed if j is not None and j not in deployment.jobs))
+            jobs = [job for job, exists in found.items() if exists]
+            if len(jobs) < len(found):  # listed by rabbitmqctl, unknown here: another broker?
+                click.echo(
+                    f"note: {len(found) - len(jobs)} stream(s) that rabbitmqctl lists are not on "
+                    f"{backend.describe()}: is rabbitmqctl reaching the same broker?",
+                    err=True,
+                )
+        data = []
+        for job in jobs:
+            stream = delete_history_stream(deployment, job) if yes else f"{prefix}{job}.history"
+            data.append({"job": job, "stream": stream, "deleted": yes})
+    action = "deleted" if yes else "would delete (prune --yes)"
+    _emit(as_json, data, [[d["job"], d["stream"], action] for d in data], ["JOB", "STREAM", "ACTION"])
+
+
+def _named_job(deployment: Deployment, prefix: str, name: str) -> str:
+    """The job a command-line name stands for: a job name, or its history stream's name."""
+    job = name if JOB_NAME_RE.match(name) else history_job(prefix, name)
+    if job is None:
+        raise click.ClickException(
+            f"{name!r} is neither a job name nor a history stream of prefix {prefix!r} ({prefix}<job>.history)"
+        )
+    if job in deployment.jobs:
+        raise click.ClickException(f"job {job!r} is configured: its history stream is never pruned")
+    return job
+
+
+def _listed_streams(backend: RabbitMQBackend, rabbitmqctl: str) -> list[str]:
+    """The stream queues of the backend's vhost, as ``rabbitmqctl list_queues`` shows them (it
+    leaves out queues too busy to answer: those wait for the next prune)."""
+    vhost = backend.connection.virtual_host or "/"
+    command = [*shlex.split(rabbitmqctl), "-q", "list_queues", "-p", vhost, "--formatter", "json", "name", "type"]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else 'no output'}")
+        rows = json.loads(done.stdout or "[]")
+        return [row["name"] for row in rows if row.get("type") == "stream"]
+    except Exception as exc:  # noqa: BLE001 - not found, refused, timed out, unreadable: one line
+        raise click.ClickException(
+            f"cannot list the broker's queues: {rabbitmqctl} failed ({type(exc).__name__}: {exc}). "
+            "Run prune on the broker's host, give --rabbitmqctl 'ssh HOST sudo rabbitmqctl', or name "
+            "the jobs: prune JOB..."
+        ) from None

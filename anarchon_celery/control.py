@@ -1,23 +1,37 @@
 """What users call from Python (and the ``celery anarchon`` command): a deployment's jobs, their
-history, and running one now. Every function takes the Celery app whose configuration the
-beat instances use."""
+history, running one now, and the history streams of jobs that are gone. Every function takes
+the Celery app whose configuration the beat instances use, or its :class:`Deployment`."""
 
 from __future__ import annotations
 
 import difflib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import amqp
+
 from . import clock
-from .backends import Backend, backend_for
-from .errors import ConfigError
+from .backends import Backend, RabbitMQBackend, backend_for
+from .backends.rabbitmq import history_name
+from .errors import BrokerError, ConfigError
 from .history import Run, encode_event, fold
-from .jobs import Job, collect_jobs
+from .jobs import JOB_NAME_RE, Job, collect_jobs
 from .sending import instance_id, send_run, task_connection
 from .settings import Settings
 
-__all__ = ["ManualRun", "configure", "history", "last_run", "run_now"]
+__all__ = [
+    "ManualRun",
+    "configure",
+    "delete_history_stream",
+    "history",
+    "history_job",
+    "history_streams",
+    "last_run",
+    "rabbitmq_backend",
+    "run_now",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,8 @@ def configure(app: Any) -> Deployment:
 
 def history(app: Any, job: str, limit: int | None = None, *, deployment: Deployment | None = None) -> list[Run]:
     """The job's recent runs, newest first: at most ``limit``, never more than its
-    ``history_size`` (none for a job with ``history_size`` 0, which keeps no history)."""
+    ``history_size`` (none for a job with ``history_size`` 0, which keeps no history). A
+    ``deployment`` given is the caller's to release."""
     own = deployment is None
     deployment = deployment or configure(app)
     try:
@@ -82,13 +97,23 @@ class ManualRun:
     task_id: str
 
 
-def run_now(app: Any, job: str) -> ManualRun:
+def run_now(app: Any, job: str, *, deployment: Deployment | None = None) -> ManualRun:
     """Send the job's task now, outside its schedule, as a run with trigger ``manual``.
 
     It gets its own run and task id, is recorded in the job's history like any other run (unless
-    its ``history_size`` is 0), and involves no claim: each call sends once.
+    its ``history_size`` is 0), and involves no claim: each call sends once. A ``deployment``
+    given is the caller's to release.
     """
-    deployment = configure(app)
+    own = deployment is None
+    deployment = deployment or configure(app)
+    try:
+        return _run_now(app, deployment, job)
+    finally:
+        if own:
+            deployment.release()
+
+
+def _run_now(app: Any, deployment: Deployment, job: str) -> ManualRun:
     spec = deployment.job(job)
     backend = deployment.backend
     run_id = str(uuid.uuid4())
@@ -124,5 +149,66 @@ def run_now(app: Any, job: str) -> ManualRun:
             )
     finally:
         connection.release()
-        deployment.release()
     return ManualRun(spec.name, run_id, run_id)
+
+
+# -- history streams of jobs that are gone ------------------------------------------------------
+
+
+def history_job(prefix: str, queue: str) -> str | None:
+    """The job whose history stream ``queue`` would be under ``prefix``, or None."""
+    suffix = history_name("", "")
+    if not queue.startswith(prefix) or not queue.endswith(suffix):
+        return None
+    job = queue[len(prefix) : -len(suffix)]
+    return job if JOB_NAME_RE.match(job) else None
+
+
+def rabbitmq_backend(deployment: Deployment) -> RabbitMQBackend:
+    """The deployment's backend, which must be RabbitMQ's for anything about history streams."""
+    backend = deployment.backend
+    if not isinstance(backend, RabbitMQBackend):
+        raise ConfigError(f"history streams are RabbitMQ queues, and this deployment's backend is {backend.describe()}")
+    return backend
+
+
+def history_streams(deployment: Deployment, jobs: Iterable[str]) -> dict[str, bool]:
+    """Whether each job's history stream exists on the deployment's broker (a passive declare on
+    the backend's connection, which it opens)."""
+    backend = rabbitmq_backend(deployment)
+    backend.open()
+    connection = backend.connection
+    found: dict[str, bool] = {}
+    try:
+        channel = connection.connection.channel()
+        for job in jobs:
+            try:
+                channel.queue_declare(history_name(backend.prefix, job), passive=True)
+                found[job] = True
+            except amqp.exceptions.NotFound:  # closes the channel
+                found[job] = False
+                channel = connection.connection.channel()
+        channel.close()
+    except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
+        raise BrokerError(f"cannot look up history streams at {connection.as_uri()}: {exc}") from exc
+    return found
+
+
+def delete_history_stream(deployment: Deployment, job: str) -> str:
+    """Delete the history stream of ``job``, a job the deployment does not have (which deletes
+    that job's history), with queue.delete on the backend's connection; return its name."""
+    if job in deployment.jobs:
+        raise ConfigError(f"job {job!r} is configured: its history stream is never pruned")
+    if not JOB_NAME_RE.match(job):
+        raise ConfigError(f"{job!r} is not a job name")
+    backend = rabbitmq_backend(deployment)
+    name = history_name(backend.prefix, job)
+    backend.open()
+    connection = backend.connection
+    try:
+        channel = connection.connection.channel()
+        channel.queue_delete(name)
+        channel.close()
+    except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
+        raise BrokerError(f"cannot delete {name} at {connection.as_uri()}: {exc}") from exc
+    return name

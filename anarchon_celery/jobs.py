@@ -14,11 +14,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kombu.exceptions import SerializerNotInstalled
+from kombu.serialization import dumps
+
 from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
-from .settings import Settings
+from .settings import MINIMUMS, Settings, check_minimum
 
-__all__ = ["Job", "collect_jobs", "cron", "live_gates", "task_id_for"]
+__all__ = ["Job", "check_arguments", "collect_jobs", "cron", "live_gates", "task_id_for"]
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 
@@ -78,10 +81,12 @@ class Job:
         return self.schedule.next_slot(after_ms)
 
 
-def _check_int(job: str, key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"job {job!r}: {key} must be an integer >= {minimum}, not {value!r}")
-    return value
+def _check_int(job: str, key: str, value: Any) -> int:
+    """A per-job integer, against the minimum of the setting that is its default."""
+    try:
+        return check_minimum(key, value, MINIMUMS[key])
+    except ConfigError as exc:
+        raise ConfigError(f"job {job!r}: {exc}") from None
 
 
 def _unknown_key_error(job: str, key: str) -> ConfigError:
@@ -146,9 +151,9 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
         args=tuple(args),
         kwargs=dict(kwargs),
         options=dict(options),
-        jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms"), 0),
-        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms"), 1),
-        history_size=_check_int(name, "history_size", setting("history_size"), 0),
+        jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms")),
+        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
+        history_size=_check_int(name, "history_size", setting("history_size")),
     )
 
 
@@ -171,6 +176,28 @@ def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0) -> None
             "forgets the run was taken and a late instance could run it again. Lower them or "
             "raise anarchon_slot_ttl_ms"
         )
+
+
+def check_arguments(job: Job, task: Any, app: Any) -> None:
+    """The job's args and kwargs must encode with the serializer its task is sent with (the
+    ``serializer`` option, else the task's, else the app's ``task_serializer``), or every run it
+    wins would fail to send. Encoded as the task message's body is: ``(args, kwargs, embed)``."""
+    serializer = job.options.get("serializer") or getattr(task, "serializer", None) or app.conf.task_serializer
+    source = "the job's serializer option" if job.options.get("serializer") else "the task's serializer"
+    try:
+        dumps((list(job.args), dict(job.kwargs), {}), serializer=serializer)
+    except SerializerNotInstalled as exc:
+        raise ConfigError(
+            f"job {job.name!r}: serializer {serializer!r} ({source}) is not installed ({exc}): "
+            "install it, or choose one kombu has (json, pickle, yaml, msgpack)"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - EncodeError, or what a custom encoder raises
+        raise ConfigError(
+            f"job {job.name!r}: its args/kwargs cannot be serialized with {serializer!r} ({source}): "
+            f"{type(exc).__name__}: {exc}. Pass only values {serializer!r} can encode, or give the task "
+            "a serializer that can (@app.task(serializer=...), options={'serializer': ...}; the "
+            "workers' accept_content must allow it)"
+        ) from exc
 
 
 def live_gates(jobs: Iterable[Job], slot_ttl_ms: int, now_ms: int, *, sample: int = 64) -> int:
@@ -295,7 +322,8 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
 def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
-    Checks names (valid, unique), tasks (registered), per-job keys and the safety rule.
+    Checks names (valid, unique), tasks (registered), per-job keys, that the arguments encode
+    with the task's serializer, and the safety rule.
     """
     try:
         app_tz = app.timezone
@@ -324,6 +352,7 @@ def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) ->
                 f"job {name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
                 "Import its module in the beat process (imports/include settings)"
             )
+        check_arguments(job, registered[job.task], app)
         check_job(job, prefix, slot_ttl_ms, settings.lead_ms)
         jobs[name] = job
     return list(jobs.values())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULTS", "Settings"]
+__all__ = ["DEFAULTS", "MINIMUMS", "Settings"]
 
 DEFAULTS: dict[str, Any] = {
     "anarchon_backend": None,
@@ -18,6 +20,83 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_history_size": 100,
     "anarchon_lead_ms": 10_000,
 }
+
+#: The smallest value of each integer setting. ``jitter_ms``, ``max_late_ms`` and
+#: ``history_size`` are also per-job keys, which :func:`anarchon_celery.jobs.make_job` checks
+#: against the same minimums: a default that every job would refuse is refused as a setting.
+MINIMUMS: dict[str, int] = {"slot_ttl_ms": 1, "jitter_ms": 0, "max_late_ms": 1, "history_size": 0, "lead_ms": 0}
+
+_OURS = "anarchon_"
+
+
+def check_minimum(shown: str, value: Any, minimum: int) -> int:
+    """``value`` when it is an integer >= ``minimum`` (not a bool), else a ConfigError naming ``shown``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{shown} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _match_case(key: str, namespace: str) -> str:
+    """How Celery spells ``key`` under ``namespace`` (celery.utils.text.match_case)."""
+    return key.upper() if namespace.isupper() else key.lower()
+
+
+class _Spelling:
+    """The names under which Celery reads our settings from an app's configuration.
+
+    ``app.conf.get("anarchon_prefix")`` looks for ``anarchon_prefix`` and, when the app has a
+    namespace (``config_from_object(obj, namespace="CELERY")``), first for ``CELERY_ANARCHON_PREFIX``:
+    the namespace with ``_``, then the name in the namespace's case (celery.utils.collections,
+    ``ConfigurationView._to_keys``). Any other spelling is never read.
+    """
+
+    def __init__(self, namespace: str | None) -> None:
+        self.namespace = namespace.rstrip("_") + "_" if namespace else ""
+
+    def namespaced(self, key: str) -> str:
+        return _match_case(self.namespace + key, self.namespace) if self.namespace else key
+
+    def read(self, key: str) -> tuple[str, ...]:
+        return (self.namespaced(key), key) if self.namespace else (key,)
+
+    def is_ours(self, name: str) -> bool:
+        """Whether ``name`` looks meant for anarchon_celery, whether or not Celery reads it."""
+        rest = name.lower()
+        if self.namespace and rest.startswith(self.namespace.lower()):
+            rest = rest[len(self.namespace) :]
+        return rest.startswith(_OURS)
+
+    def style(self, name: str) -> Callable[[str], str]:
+        """How to spell a known key as the user spelt ``name``: namespaced when they wrote the
+        namespace or upper case under a namespace (the readable form), else plain."""
+        if self.namespace and (name.lower().startswith(self.namespace.lower()) or name.isupper()):
+            return self.namespaced
+        return str
+
+    def unknown(self, names: Iterable[str]) -> ConfigError | None:
+        unread = sorted(
+            name
+            for name in names
+            if self.is_ours(name) and not any(name in self.read(key) for key in DEFAULTS)  # a name Celery reads
+        )
+        if not unread:
+            return None
+        parts = []
+        for name in unread:
+            rest = name.lower()
+            if self.namespace and rest.startswith(self.namespace.lower()):
+                rest = rest[len(self.namespace) :]
+            close = difflib.get_close_matches(rest, sorted(DEFAULTS), n=1, cutoff=0.75)
+            parts.append(f"{name} (did you mean {self.style(name)(close[0])}?)" if close else name)
+        spell = self.style(unread[0])
+        known = ", ".join(spell(key) for key in sorted(DEFAULTS))
+        setting = "setting" if len(unread) == 1 else "settings"
+        return ConfigError(f"unknown {setting} {', '.join(parts)}: known ones are {known}")
+
+    def shown(self, key: str, present: set[str]) -> str:
+        """The name a setting was given under, for messages about its value."""
+        given = [name for name in self.read(key) if name in present]
+        return given[0] if len(given) == 1 else key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,32 +118,32 @@ class Settings:
     lead_ms: int = 10_000
 
     def __post_init__(self) -> None:
-        for key, minimum in (
-            ("slot_ttl_ms", 1),
-            ("jitter_ms", 0),
-            ("max_late_ms", 0),
-            ("history_size", 0),
-            ("lead_ms", 0),
-        ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"anarchon_{key} must be an integer >= {minimum}, not {value!r}")
+        for key, minimum in MINIMUMS.items():
+            check_minimum(f"{_OURS}{key}", getattr(self, key), minimum)
         if not isinstance(self.prefix, str):
-            raise ConfigError(f"anarchon_prefix must be a string, not {self.prefix!r}")
+            raise ConfigError(f"{_OURS}prefix must be a string, not {self.prefix!r}")
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
-        """Read the settings from ``app.conf``; unknown ``anarchon_*`` keys are an error."""
+        """Read the settings from ``app.conf``, under the app's namespace too
+        (``CELERY_ANARCHON_PREFIX`` after ``config_from_object(obj, namespace="CELERY")``).
+
+        Names meant for anarchon_celery that Celery would not read (misspelt, or without the
+        namespace) are an error, with the closest known setting as the user would spell it.
+        """
         conf = app.conf
-        unknown = sorted(
-            key for key in conf if isinstance(key, str) and key.startswith("anarchon_") and key not in DEFAULTS
-        )
-        if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}: known ones are {', '.join(sorted(DEFAULTS))}")
-        values = {key[len("anarchon_") :]: conf.get(key, default) for key, default in DEFAULTS.items()}
-        return cls(
-            **{
-                key: (DEFAULTS["anarchon_" + key] if value is None and key != "backend" else value)
-                for key, value in values.items()
-            }
-        )
+        spelling = _Spelling(getattr(app, "namespace", None))
+        present = {key for key in conf if isinstance(key, str)}
+        error = spelling.unknown(present)
+        if error is not None:
+            raise error
+        values: dict[str, Any] = {}
+        for name, default in DEFAULTS.items():
+            key = name[len(_OURS) :]
+            value = conf.get(name)  # Celery looks under the namespace first
+            values[key] = default if value is None and key != "backend" else value
+            if key in MINIMUMS:  # named as the user wrote it
+                check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
+            elif key == "prefix" and not isinstance(values[key], str):
+                raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
+        return cls(**values)

@@ -25,14 +25,24 @@ APP = "tests.history_app"
 pytestmark = pytest.mark.broker
 
 
+def forget(*modules: str) -> None:
+    """Have the next import of ``modules`` run them again: out of sys.modules, and off their
+    package, where Celery's ``-A`` finds them first (``symbol_by_name`` takes the attribute)."""
+    for module in modules:
+        sys.modules.pop(module, None)
+        package, _, name = module.rpartition(".")
+        if package in sys.modules and hasattr(sys.modules[package], name):
+            delattr(sys.modules[package], name)
+
+
 @pytest.fixture
 def app_env(prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """history_app configured with this test's prefix, imported afresh."""
     monkeypatch.setenv("HISTORY_APP_PREFIX", prefix)
     monkeypatch.delenv("HISTORY_APP_BAD", raising=False)
-    sys.modules.pop(APP, None)
+    forget(APP)
     yield dict(os.environ, PYTHONPATH=str(ROOT))
-    sys.modules.pop(APP, None)
+    forget(APP)
 
 
 def invoke(*args: str) -> Any:
@@ -209,3 +219,233 @@ def test_history_never_returns_more_than_history_size(app_env: dict[str, str], p
     assert [run.run_id for run in anarchon_celery.history(history_app.app, "fine", limit=2)] == ["r11", "r10"]
     assert anarchon_celery.last_run(history_app.app, "fine").run_id == "r11"
     assert anarchon_celery.last_run(history_app.app, "boom") is None
+
+
+# -- the app's task modules -----------------------------------------------------------------------
+
+IMPORTS_APP = "tests.cli_imports_app"
+
+
+@pytest.fixture
+def imports_env(prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """cli_imports_app configured with this test's prefix, imported afresh."""
+    monkeypatch.setenv("CLI_IMPORTS_APP_PREFIX", prefix)
+    modules = [IMPORTS_APP, "tests.cli_included_tasks", "tests.cli_imported_tasks", "tests.cli_discovered_tasks"]
+    forget(*modules)
+    yield dict(os.environ, PYTHONPATH=str(ROOT))
+    forget(*modules)
+
+
+def test_every_command_imports_the_apps_task_modules(imports_env: dict[str, str]) -> None:
+    # As `celery beat` does: the tasks (and @cron jobs) of `include`, `imports` and autodiscover_tasks.
+    def anarchon(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", IMPORTS_APP, "anarchon", *args],
+            cwd=ROOT,
+            env=imports_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    report = json.loads(anarchon("check", "--json").stdout)
+    assert report["ok"] and report["checks"][0]["detail"].startswith("3 job(s) valid"), report
+    jobs = {job["job"]: job["task"] for job in json.loads(anarchon("jobs", "--json").stdout)}
+    assert jobs == {
+        "discovered": "cli_imports.discovered",  # @cron, in a module found by autodiscover_tasks
+        "imported": "cli_imports.imported",  # beat_schedule, its task in a module of `imports`
+        "included": "cli_imports.included",  # @cron, in a module of `include`
+    }
+    assert json.loads(anarchon("history", "included", "--json").stdout) == []
+    assert len(json.loads(anarchon("next", "discovered", "-n", "2", "--json").stdout)) == 2
+    sent = json.loads(anarchon("run-now", "imported", "--json").stdout)
+    assert sent["job"] == "imported"
+
+
+def test_the_task_modules_are_imported_once(imports_env: dict[str, str]) -> None:
+    from celery import signals
+
+    sent: list[Any] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        sent.append(sender)
+
+    signals.import_modules.connect(count, weak=False)
+    try:
+        for args in (["next", "included"], ["next", "discovered"]):
+            result = invoke_app(IMPORTS_APP, *args)
+            assert result.exit_code == 0, result.output
+    finally:
+        signals.import_modules.disconnect(count)
+    assert len(sent) == 1 and sent[0].main == "cli_imports_app"
+
+
+def invoke_app(app: str, *args: str) -> Any:
+    return CliRunner().invoke(celery_cli, ["-A", app, "anarchon", *args], catch_exceptions=False)
+
+
+# -- connections ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-backend", "backend-instance"])
+@pytest.mark.parametrize(
+    "args",
+    [["jobs"], ["history", "fine"], ["next", "fine"], ["run-now", "fine"], ["check"], ["prune"]],
+    ids=lambda a: a[0],
+)
+def test_every_command_closes_the_connections_it_opens(
+    app_env: dict[str, str],
+    prefix: str,
+    broker_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    shared: bool,
+) -> None:
+    """In process: every kombu connection a command used is closed when it returns (not left for the
+    process exit, which the broker logs as "client unexpectedly closed TCP connection")."""
+    import importlib
+
+    from anarchon_celery import RabbitMQBackend, cli, control
+
+    history_app = importlib.import_module(APP)
+    if shared:  # an instance in the app's settings: the command connected it, so it closes it
+        history_app.app.conf.anarchon_backend = RabbitMQBackend(broker_url, prefix=prefix, slot_ttl_ms=60_000)
+    used: list[Any] = []
+    real_configure, real_task_connection = control.configure, control.task_connection
+
+    def configure(app: Any) -> Any:
+        deployment = real_configure(app)
+        used.append(deployment.backend.connection)
+        return deployment
+
+    def task_connection(app: Any, **options: Any) -> Any:
+        used.append(real_task_connection(app, **options))
+        return used[-1]
+
+    monkeypatch.setattr(cli, "configure", configure)
+    monkeypatch.setattr(control, "configure", configure)
+    monkeypatch.setattr(control, "task_connection", task_connection)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert used
+    assert [c.connected for c in used] == [False] * len(used)
+
+
+# -- prune ----------------------------------------------------------------------------------------
+
+
+def _queue_exists(broker_url: str, name: str) -> bool:
+    from amqp.exceptions import NotFound
+    from kombu import Connection
+
+    with Connection(broker_url) as conn:
+        try:
+            conn.default_channel.queue_declare(name, passive=True)
+            return True
+        except NotFound:
+            return False
+
+
+def test_prune_lists_then_deletes_the_streams_of_jobs_that_are_gone(
+    app_env: dict[str, str], prefix: str, broker_url: str
+) -> None:
+    from kombu import Connection
+
+    from anarchon_celery import RabbitMQBackend
+    from anarchon_celery.backends.rabbitmq import history_arguments
+
+    backend = RabbitMQBackend(broker_url, prefix=prefix)
+    for job in ("fine", "stale", "gone-too"):  # "fine" is configured; the others are not any more
+        assert backend.ensure_history(job, 5)
+    assert backend.record("stale", encode_event("sent", run="r1", job="stale", at_ms=1), 5)
+    backend.close()
+    with Connection(broker_url) as conn:  # not streams, or not history: never candidates
+        channel = conn.default_channel
+        channel.queue_declare(f"{prefix}classic.history", durable=True, auto_delete=False)
+        channel.queue_declare(f"{prefix}stale.slot.1", durable=True, auto_delete=False)
+        channel.queue_declare(
+            f"{prefix}odd.name.history", durable=True, auto_delete=False, arguments=history_arguments(1)
+        )
+    stale, gone, kept = (f"{prefix}{job}.history" for job in ("stale", "gone-too", "fine"))
+
+    dry = invoke("prune", "--json")
+    assert dry.exit_code == 0, dry.output
+    listed = json.loads(dry.output)
+    assert [(s["job"], s["stream"], s["deleted"]) for s in listed] == [
+        ("gone-too", gone, False),
+        ("stale", stale, False),
+    ]
+    assert all(_queue_exists(broker_url, name) for name in (stale, gone, kept))
+    table = invoke("prune").output
+    assert table.splitlines()[0].split() == ["JOB", "STREAM", "ACTION"] and "--yes" in table
+
+    done = invoke("prune", "--yes", "--json")
+    assert done.exit_code == 0, done.output
+    assert [(s["job"], s["deleted"]) for s in json.loads(done.output)] == [("gone-too", True), ("stale", True)]
+    assert not _queue_exists(broker_url, stale) and not _queue_exists(broker_url, gone)
+    for name in (kept, f"{prefix}classic.history", f"{prefix}stale.slot.1", f"{prefix}odd.name.history"):
+        assert _queue_exists(broker_url, name), name
+    again = invoke("prune", "--yes")
+    assert again.exit_code == 0 and "(none)" in again.output
+
+
+def test_prune_named_jobs(app_env: dict[str, str], prefix: str, broker_url: str) -> None:
+    from anarchon_celery import RabbitMQBackend
+
+    backend = RabbitMQBackend(broker_url, prefix=prefix)
+    for job in ("fine", "old-a", "old-b"):
+        assert backend.ensure_history(job, 5)
+    backend.close()
+    old_a, old_b, kept = (f"{prefix}{job}.history" for job in ("old-a", "old-b", "fine"))
+    # No rabbitmqctl needed: a job name, or its stream's name, checked over AMQP.
+    env = dict(app_env, PATH="/nonexistent")
+    dry = celery(env, "anarchon", "prune", "old-a", old_b)
+    assert dry.returncode == 0, dry.stderr
+    assert old_a in dry.stdout and old_b in dry.stdout and _queue_exists(broker_url, old_a)
+
+    for args, message in [
+        (["fine", "old-a"], "Error: job 'fine' is configured: its history stream is never pruned"),
+        ([kept], "Error: job 'fine' is configured"),
+        (["nope"], f"Error: no history stream {prefix}nope.history"),
+        (
+            ["other.x.history"],
+            f"Error: 'other.x.history' is neither a job name nor a history stream of prefix {prefix!r}",
+        ),
+        (["bad/name"], "Error: 'bad/name' is neither a job name"),
+    ]:
+        refused = celery(env, "anarchon", "prune", "--yes", *args)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert refused.stderr.strip().startswith(message) and len(refused.stderr.strip().splitlines()) == 1, (
+            refused.stderr
+        )
+    assert all(_queue_exists(broker_url, name) for name in (old_a, old_b, kept))  # nothing deleted by a refusal
+
+    done = celery(env, "anarchon", "prune", "--yes", "old-a", old_b, "--json")
+    assert done.returncode == 0, done.stderr
+    assert [(s["job"], s["deleted"]) for s in json.loads(done.stdout)] == [("old-a", True), ("old-b", True)]
+    assert not _queue_exists(broker_url, old_a) and not _queue_exists(broker_url, old_b)
+    assert _queue_exists(broker_url, kept)
+
+
+def test_prune_without_rabbitmqctl_says_what_to_do(app_env: dict[str, str]) -> None:
+    done = celery(dict(app_env, PATH="/nonexistent"), "anarchon", "prune")
+    assert done.returncode == 1
+    error = done.stderr.strip()
+    assert error.startswith("Error: cannot list the broker's queues: rabbitmqctl") and len(error.splitlines()) == 1
+    assert "prune JOB" in error and "--rabbitmqctl" in error
+
+
+# -- validation through check ---------------------------------------------------------------------
+
+
+def test_check_refuses_arguments_the_serializer_cannot_encode(app_env: dict[str, str]) -> None:
+    import importlib
+
+    history_app = importlib.import_module(APP)
+    history_app.app.conf.beat_schedule["opaque"] = {"task": "history_app.fine", "schedule": 60, "args": (object(),)}
+    result = invoke("check")
+    assert result.exit_code == 1
+    assert result.output.startswith("FAIL  config   job 'opaque': its args/kwargs cannot be serialized with 'json'")

@@ -345,12 +345,15 @@ SETTING_KEYS = st.sampled_from(
 def test_hostile_configurations_through_the_scheduler_setup(schedule: dict[Any, Any], conf: dict[str, Any]) -> None:
     from anarchon_celery import AnarchonError, Scheduler
 
+    class Embedded(Scheduler):
+        exit_on_error = False  # the error itself, not beat's one line and exit status 1
+
     app = make_app(beat_schedule=schedule)
     app.conf.update(conf)
     if not isinstance(app.conf.get("anarchon_backend"), str) or not app.conf.anarchon_backend.startswith("memory"):
         app.conf.anarchon_backend = "memory://"  # no broker here: the RabbitMQ side is tested against RabbitMQ
     try:
-        scheduler = Scheduler(app)
+        scheduler = Embedded(app)
     except AnarchonError as exc:
         assert str(exc)
     else:
@@ -426,3 +429,153 @@ def test_gates_are_never_declared_earlier_than_lead_ms_and_away_from_whole_secon
         if lead_ms >= 1000:  # a run on a whole second gets its gate a quarter to three quarters into one
             assert 250 <= (phase - lead_ms) % 1000 <= 750
         scheduler.close()
+
+
+# -- settings under a namespace, and their checks -------------------------------------------------
+
+
+def namespaced_app(namespace: str, **settings: Any) -> Celery:
+    app = Celery(f"app{uuid.uuid4().hex[:6]}", set_as_current=False)
+    app.config_from_object(type("Config", (), {"broker_url": "memory://", **settings}), namespace=namespace)
+
+    @app.task(name="tasks.work", shared=False)
+    def work(*args: Any, **kwargs: Any) -> None: ...
+
+    return app
+
+
+def test_namespaced_settings_are_read() -> None:
+    from anarchon_celery.control import configure
+
+    app = namespaced_app(
+        "CELERY",
+        CELERY_ANARCHON_BACKEND="memory://",
+        CELERY_ANARCHON_PREFIX="ns.",
+        CELERY_ANARCHON_SLOT_TTL_MS=100_000,
+        CELERY_ANARCHON_JITTER_MS=5,
+        CELERY_ANARCHON_MAX_LATE_MS=7,
+        CELERY_ANARCHON_HISTORY_SIZE=3,
+        CELERY_ANARCHON_LEAD_MS=11,
+        CELERY_BEAT_SCHEDULE={"j": entry()},
+    )
+    read = Settings.from_app(app)
+    assert (read.backend, read.prefix, read.slot_ttl_ms) == ("memory://", "ns.", 100_000)
+    assert (read.jitter_ms, read.max_late_ms, read.history_size, read.lead_ms) == (5, 7, 3, 11)
+    deployment = configure(app)
+    assert (deployment.backend.prefix, deployment.backend.slot_ttl_ms) == ("ns.", 100_000)
+    job = deployment.jobs["j"]
+    assert (job.jitter_ms, job.max_late_ms, job.history_size) == (5, 7, 3)
+    # A lower-case namespace reads lower-case names; the plain names are read under any namespace.
+    lower = namespaced_app("celery", celery_anarchon_prefix="low.", anarchon_jitter_ms=9)
+    assert (Settings.from_app(lower).prefix, Settings.from_app(lower).jitter_ms) == ("low.", 9)
+
+
+@pytest.mark.parametrize(
+    "namespace, key, message",
+    [
+        (
+            "CELERY",
+            "CELERY_ANARCHON_PREFX",
+            "unknown setting CELERY_ANARCHON_PREFX (did you mean CELERY_ANARCHON_PREFIX?)",
+        ),
+        (
+            "CELERY",
+            "CELERY_ANARCHON_MAX_LATE",
+            "unknown setting CELERY_ANARCHON_MAX_LATE (did you mean CELERY_ANARCHON_MAX_LATE_MS?)",
+        ),
+        # Without the namespace, or in the other case, Celery never reads them.
+        ("CELERY", "ANARCHON_PREFIX", "unknown setting ANARCHON_PREFIX (did you mean CELERY_ANARCHON_PREFIX?)"),
+        (
+            "celery",
+            "CELERY_ANARCHON_PREFIX",
+            "unknown setting CELERY_ANARCHON_PREFIX (did you mean celery_anarchon_prefix?)",
+        ),
+        ("CELERY", "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
+        (None, "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
+        (None, "ANARCHON_PREFIX", "unknown setting ANARCHON_PREFIX (did you mean anarchon_prefix?)"),
+        (None, "anarchon_zzz", "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_history_size"),
+        (
+            "CELERY",
+            "CELERY_ANARCHON_ZZZ",
+            "unknown setting CELERY_ANARCHON_ZZZ: known ones are CELERY_ANARCHON_BACKEND,",
+        ),
+    ],
+)
+def test_misspelt_settings_are_refused_with_a_suggestion(namespace: str | None, key: str, message: str) -> None:
+    app = namespaced_app(namespace, **{key: "x."}) if namespace else make_app(**{key: "x."})
+    with pytest.raises(ConfigError) as info:
+        Settings.from_app(app)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("key, minimum", [("jitter_ms", 0), ("max_late_ms", 1), ("history_size", 0)])
+def test_setting_and_job_minimums_agree(key: str, minimum: int) -> None:
+    # What a job refuses, the setting that is its default refuses too, naming the setting.
+    assert getattr(Settings.from_app(make_app(**{f"anarchon_{key}": minimum})), key) == minimum
+    assert getattr(jobs_of(make_app(beat_schedule={"j": entry(**{key: minimum})}))["j"], key) == minimum
+    with pytest.raises(ConfigError, match=rf"^anarchon_{key} must be an integer >= {minimum}, not {minimum - 1}$"):
+        Settings.from_app(make_app(**{f"anarchon_{key}": minimum - 1}))
+    with pytest.raises(ConfigError, match=rf"^job 'j': {key} must be an integer >= {minimum}, not {minimum - 1}$"):
+        jobs_of(make_app(beat_schedule={"j": entry(**{key: minimum - 1})}))
+
+
+def test_a_global_max_late_ms_of_0_is_refused_as_a_setting() -> None:
+    from anarchon_celery.control import configure
+
+    app = make_app(anarchon_max_late_ms=0, beat_schedule={"j": entry()})
+    with pytest.raises(ConfigError, match=r"^anarchon_max_late_ms must be an integer >= 1, not 0$"):
+        configure(app)  # as the scheduler at start and `celery anarchon check` read it
+    namespaced = namespaced_app("CELERY", CELERY_ANARCHON_BACKEND="memory://", CELERY_ANARCHON_MAX_LATE_MS=0)
+    with pytest.raises(ConfigError, match=r"^CELERY_ANARCHON_MAX_LATE_MS must be an integer >= 1, not 0$"):
+        Settings.from_app(namespaced)
+
+
+# -- arguments the task's serializer must encode --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        entry(args=(object(),)),
+        entry(kwargs={"when": object()}),
+        entry(args=(1, {2, 3})),  # a set: not JSON
+        entry(args=(1,), kwargs={"z": 1j}),  # complex: not JSON (bytes, dates, UUIDs are)
+    ],
+)
+def test_arguments_the_serializer_cannot_encode_are_refused(bad: dict[str, Any]) -> None:
+    from anarchon_celery.control import configure
+
+    app = make_app(beat_schedule={"j": bad})
+    message = (
+        r"^job 'j': its args/kwargs cannot be serialized with 'json' \(the task's serializer\): "
+        r".*\. Pass only values 'json' can encode, or give the task a serializer that can"
+    )
+    with pytest.raises(ConfigError, match=message):
+        jobs_of(app)
+    with pytest.raises(ConfigError, match=message):  # as the scheduler at start and check read it
+        configure(app)
+
+
+def test_arguments_are_encoded_with_the_serializer_the_task_is_sent_with() -> None:
+    opaque = object()
+    app = make_app(
+        beat_schedule={
+            "plain": entry(args=(1, "a", [2.5, None]), kwargs={"d": {"x": True}}),
+            "option": entry(args=(opaque,), options={"serializer": "pickle"}),  # apply_async's wins
+            "task": {"task": "tasks.pickled", "schedule": 60, "args": (opaque,)},
+            "refused": entry(args=(1,), options={"serializer": "nope"}),
+        }
+    )
+
+    @app.task(name="tasks.pickled", serializer="pickle", shared=False)
+    def pickled(*args: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"^job 'refused': serializer 'nope' \(the job's serializer option\) is not"):
+        jobs_of(app)
+    del app.conf.beat_schedule["refused"]
+    assert sorted(jobs_of(app)) == ["option", "plain", "task"]
+    app.conf.beat_schedule["app-wide"] = entry(args=(opaque,))
+    with pytest.raises(ConfigError, match="job 'app-wide'"):
+        jobs_of(app)
+    pickling = make_app(task_serializer="pickle", beat_schedule={"app-wide": entry(args=(opaque,))})
+    assert "app-wide" in jobs_of(pickling)  # the app's serializer, for tasks that set none
