@@ -24,6 +24,8 @@ class Proxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._from_broker = 0  # bytes forwarded from the broker
+        self._stall_at: int | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, user: str = "guest", password: str = "guest") -> str:
@@ -31,6 +33,15 @@ class Proxy:
 
     def stall(self) -> None:
         self._open.clear()
+
+    def stall_after(self, nbytes: int) -> None:
+        """Stall once ``nbytes`` more bytes came from the broker (in the middle of an answer)."""
+        with self._lock:
+            self._stall_at = self._from_broker + nbytes
+
+    @property
+    def stalled(self) -> bool:
+        return not self._open.is_set()
 
     def resume(self) -> None:
         self._open.set()
@@ -72,6 +83,11 @@ class Proxy:
                     self._open.wait()
                     if self._closed:
                         return
+                    with self._lock:
+                        self._from_broker += len(data)
+                        if self._stall_at is not None and self._from_broker >= self._stall_at:
+                            self._stall_at = None
+                            self._open.clear()  # this data gets through; the next waits
                 sink.sendall(data)
         except OSError:
             pass

@@ -659,6 +659,26 @@ def test_many_history_events_are_recorded_at_once(make_backend: Any) -> None:
         assert [e["run"] for e in history[f"job{j}"]] == [f"r{n:02d}" for n in range(j, 30, 3)]
 
 
+def test_a_pause_in_the_deliveries_does_not_cut_a_history_short(broker_url: str, prefix: str, proxy: Proxy) -> None:
+    writer = rabbit(broker_url, prefix)
+    count = 2000
+    assert writer.record_many([("job", _sent(f"r{n:04d}", 1000 + n), count) for n in range(count)]) == count
+    writer.close()
+    reader = rabbit(proxy.url(), prefix)
+    proxy.stall_after(60_000)  # in the middle of the deliveries (about 300 kB of them)...
+
+    def resume() -> None:
+        while not proxy.stalled:
+            time.sleep(0.01)
+        time.sleep(1.5)  # ...for three times as long as the old idle end of 0.5 s
+        proxy.resume()
+
+    threading.Thread(target=resume, daemon=True).start()
+    events = reader.read_history(["job"])["job"]
+    reader.close()
+    assert [e["run"] for e in events] == [f"r{n:04d}" for n in range(count)]
+
+
 def test_history_streams_are_trimmed_by_size(broker_url: str, prefix: str) -> None:
     backend = rabbit(broker_url, prefix)
     history_size = 5

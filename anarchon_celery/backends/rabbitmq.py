@@ -202,6 +202,50 @@ class _Confirms:
                     self.won.append(gate)
 
 
+class _StreamRead:
+    """Reading history streams to their end: per job, the highest offset seen from the stream's
+    last chunk (its end, as far as known) and the highest read from its start."""
+
+    def __init__(self, channel: amqp.Channel) -> None:
+        self.channel = channel
+        self.end: dict[str, int] = {}
+        self.reached: dict[str, int] = {}
+        self.moved = time.monotonic()  # when a message last arrived
+
+    def _offset(self, message: amqp.Message) -> int:
+        self.channel.basic_ack(message.delivery_tag)
+        self.moved = time.monotonic()
+        offset = (message.headers or {}).get("x-stream-offset")
+        return offset if isinstance(offset, int) else -1
+
+    def tail(self, job: str) -> Callable[[amqp.Message], None]:
+        def on_message(message: amqp.Message) -> None:
+            self.end[job] = max(self.end.get(job, -1), self._offset(message))
+
+        return on_message
+
+    def events(self, job: str, into: list[dict[str, Any]]) -> Callable[[amqp.Message], None]:
+        def on_message(message: amqp.Message) -> None:
+            self.reached[job] = max(self.reached.get(job, -1), self._offset(message))
+            event = decode_event(message.body)
+            if event is not None:
+                into.append(event)
+
+        return on_message
+
+    def unfinished(self, jobs: Sequence[str], *, empty: bool) -> list[str]:
+        """The jobs not read to their end yet; with ``empty``, a stream that delivered nothing
+        at all counts as empty (and read)."""
+        left = []
+        for job in jobs:
+            if job in self.end:
+                if self.reached.get(job, -1) < self.end[job]:
+                    left.append(job)
+            elif job in self.reached or not empty:
+                left.append(job)  # its last chunk is still to come
+        return left
+
+
 def _write_declare(channel: amqp.Channel, gate: str, arguments: dict[str, Any]) -> None:
     """Write a gate's declare without waiting for its answer (the broker answers a channel's
     methods in order)."""
@@ -833,9 +877,16 @@ class RabbitMQBackend(Backend):
                 "that job's history) or change anarchon_prefix"
             )
 
-    def read_history(self, jobs: Sequence[str], idle_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
-        """See :meth:`Backend.read_history`. Streams have no end marker in AMQP 0.9.1: reading
-        stops once nothing has arrived for ``idle_s`` seconds."""
+    def read_history(self, jobs: Sequence[str], empty_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
+        """See :meth:`Backend.read_history`.
+
+        Streams have no end marker in AMQP 0.9.1, and a pause in a busy broker's deliveries must
+        not pass for the end: so each stream is also consumed from its last chunk (offset
+        ``last``), whose offsets tell where its end is, and read from its first retained event up
+        to there. A stream from which nothing at all arrives within ``empty_s`` seconds is empty.
+        A read that stops moving for ``confirm_timeout`` raises BrokerError rather than return a
+        history cut short.
+        """
         events: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
         try:
             raw = self._connect(self.confirm_timeout)
@@ -843,20 +894,29 @@ class RabbitMQBackend(Backend):
             if not existing:
                 return events
             # basic.get and no-ack consumers are refused on streams (and close the connection):
-            # consume with a prefetch and manual acks, from the first retained offset.
+            # consume with a prefetch and manual acks.
             channel = raw.channel()
             channel.basic_qos(0, 1000, False)
+            read = _StreamRead(channel)
             for job in existing:
+                name = history_name(self.prefix, job)
+                channel.basic_consume(name, callback=read.tail(job), arguments={"x-stream-offset": "last"})
                 channel.basic_consume(
-                    history_name(self.prefix, job),
-                    callback=self._collector(channel, events[job]),
-                    arguments={"x-stream-offset": "first"},
+                    name, callback=read.events(job, events[job]), arguments={"x-stream-offset": "first"}
                 )
+            started = time.monotonic()
             while True:
-                try:
-                    raw.drain_events(timeout=idle_s)
-                except TimeoutError:
+                now = time.monotonic()
+                left = read.unfinished(existing, empty=now - started >= empty_s)
+                if not left:
                     break
+                if now - read.moved > self.confirm_timeout:
+                    raise BrokerError(
+                        f"the history of {', '.join(map(repr, left))} could not be read to its end: RabbitMQ "
+                        f"delivered nothing more for {self.confirm_timeout:g}s. Try again"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    raw.drain_events(timeout=READ_SLICE)
             channel.close()
         except (BrokerUnavailable, BrokerRefused):
             raise
@@ -864,16 +924,6 @@ class RabbitMQBackend(Backend):
             self._discard(connection_lost=True)
             raise BrokerError(f"cannot read history from {self.connection.as_uri()}: {exc}") from exc
         return events
-
-    @staticmethod
-    def _collector(channel: amqp.Channel, into: list[dict[str, Any]]) -> Any:
-        def on_message(message: amqp.Message) -> None:
-            event = decode_event(message.body)
-            if event is not None:
-                into.append(event)
-            channel.basic_ack(message.delivery_tag)
-
-        return on_message
 
     def _stream_exists(self, name: str) -> bool:
         try:
