@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
 from .settings import MINIMUMS, Settings, check_minimum
 
-__all__ = ["Job", "check_arguments", "collect_jobs", "cron", "live_gates", "task_id_for"]
+__all__ = ["Job", "check_arguments", "collect_jobs", "cron", "definition", "live_gates", "task_id_for"]
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 
@@ -79,6 +79,25 @@ class Job:
     def next_slot(self, after_ms: int) -> int:
         """The first slot strictly after ``after_ms``."""
         return self.schedule.next_slot(after_ms)
+
+
+def definition(job: Job) -> dict[str, str]:
+    """What every instance of a deployment must agree on for ``job``, field by field, as text: its
+    task, when it runs, with what, and its lateness and history settings. Instances that differ
+    run the union of their schedules (see :meth:`~anarchon_celery.Backend.share_definitions`)."""
+    schedule = job.schedule.describe()
+    if isinstance(job.schedule, Cron) and not job.schedule.day_or:
+        schedule += " (day of month and day of week must both match)"
+    return {
+        "task": job.task,
+        "schedule": schedule,
+        "args": repr(tuple(job.args)),
+        "kwargs": repr(dict(sorted(job.kwargs.items()))),
+        "options": repr(dict(sorted(job.options.items()))),
+        "jitter_ms": str(job.jitter_ms),
+        "max_late_ms": str(job.max_late_ms),
+        "history_size": str(job.history_size),
+    }
 
 
 def _check_int(job: str, key: str, value: Any) -> int:

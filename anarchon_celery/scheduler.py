@@ -25,7 +25,7 @@ from .connections import keep_alive, negotiated_heartbeat
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
-from .jobs import Job, live_gates, task_id_for
+from .jobs import Job, definition, live_gates, task_id_for
 from .schedule import Schedule
 from .sending import Outgoing, TaskSender, instance_id, task_connection
 
@@ -118,6 +118,8 @@ class Scheduler(beat.Scheduler):
             if reachable and job.history_size:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
             self._push(job, job.next_slot(start - 1))
+        # Instances that define a job differently run the union of both schedules: say so.
+        backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
         if reachable:
             self._connect_sender()
         self._defer_stop_signals()

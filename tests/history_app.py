@@ -21,7 +21,11 @@ app.conf.update(
     anarchon_jitter_ms=0,
     anarchon_history_size=5,
     beat_schedule={
-        "fine": {"task": "history_app.fine", "schedule": "0 3 * * *", "tz": "Asia/Tokyo"},
+        "fine": {
+            "task": "history_app.fine",
+            "schedule": "0 3 * * *",
+            "tz": os.environ.get("HISTORY_APP_FINE_TZ", "Asia/Tokyo"),
+        },
         "boom": {"task": "history_app.boom", "schedule": 3600},
         "sleepy": {"task": "history_app.sleepy", "schedule": "@daily"},
     },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import subprocess
 import threading
@@ -726,3 +727,39 @@ def test_streams_are_available(broker_url: str, prefix: str) -> None:
     backend = rabbit(broker_url, prefix)
     backend.check_history()
     backend.close()
+
+
+# -- instances that disagree ----------------------------------------------------------------------
+
+DAILY = {"task": "t.report", "schedule": "cron '0 3 * * *' Europe/Paris", "args": "()"}
+
+
+@pytest.mark.parametrize("kind", ["rabbitmq", "memory"])
+def test_instances_that_define_a_job_differently_both_say_so(
+    kind: str, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = MemoryBackend(prefix=prefix)
+    a, b = (rabbit(broker_url, prefix), rabbit(broker_url, prefix)) if kind == "rabbitmq" else (shared, shared)
+    tokyo = dict(DAILY, schedule="cron '0 3 * * *' Asia/Tokyo")
+    with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
+        a.share_definitions("old:1", {"report": DAILY, "same": DAILY, "gone": DAILY})
+        b.share_definitions("new:2", {"report": tokyo, "same": DAILY})
+        for _ in range(20):  # the announcements are read when each instance next wakes
+            a.maintain()
+            b.maintain()
+            if len(caplog.records) >= 4:
+                break
+            time.sleep(0.1)
+        for backend in (a, b):
+            backend.maintain()
+    lines = sorted(record.getMessage() for record in caplog.records)
+    assert len(lines) == 4, lines  # each side, once per job that differs: never for "same"
+    assert sum("job 'report' is defined differently by instance new:2" in line for line in lines) == 1
+    assert sum("job 'report' is defined differently by instance old:1" in line for line in lines) == 1
+    assert any(
+        "schedule cron '0 3 * * *' Europe/Paris here, cron '0 3 * * *' Asia/Tokyo there" in line for line in lines
+    )
+    assert any("job 'gone' is defined differently by instance old:1: it runs it, and this" in line for line in lines)
+    if kind == "rabbitmq":
+        a.close()
+        b.close()

@@ -367,3 +367,25 @@ def test_clock_skew_within_the_documented_bound_still_runs_each_slot_once(
         assert ": lost" in fleet.text(2)
     else:
         assert [slot for slot, n in Counter(slots).items() if n > 1], "expected runs sent twice past the bound"
+
+
+@pytest.mark.timeout(120)
+def test_a_rolling_deploy_that_changes_a_time_zone_is_reported_by_both_sides(
+    beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    fleet = Fleet(tmp_path, [beat_env, dict(beat_env, HISTORY_APP_FINE_TZ="Europe/Paris")])
+    try:
+        fleet.wait_ready()
+        needle = "anarchon: job 'fine' is defined differently by instance"
+        for n in range(2):
+            deadline = time.monotonic() + 30
+            while needle not in fleet.text(n) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        fleet.stop()
+    finally:
+        fleet.kill()
+    old, new = fleet.text(0), fleet.text(1)
+    assert "cron '0 3 * * *' Asia/Tokyo here, cron '0 3 * * *' Europe/Paris there" in old, old[-3000:]
+    assert "cron '0 3 * * *' Europe/Paris here, cron '0 3 * * *' Asia/Tokyo there" in new, new[-3000:]
+    for text in (old, new):
+        assert text.count("is defined differently") == 1  # once, and only for the job that differs

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import enum
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,13 @@ class Backend(abc.ABC):
 
     def maintain(self) -> None:
         """Keep idle connections healthy (heartbeats). Called at every wake-up; cheap."""
+        return None
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        """Tell the other instances of the deployment how ``instance`` defines its jobs (job name
+        to :func:`~anarchon_celery.jobs.definition`), and from then on log a warning, once per
+        other instance and job, when one defines a job differently (they would run the union of
+        both schedules). Best effort: never raises. The default does nothing."""
         return None
 
     def in_outage(self) -> bool:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import clock
 from ..history import EVENTS, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .peers import Peers
 
 __all__ = ["MemoryBackend"]
 
@@ -28,9 +29,18 @@ class MemoryBackend(Backend):
         self._lock = threading.Lock()
         self._taken: dict[tuple[str, int], tuple[str, float]] = {}
         self._history: dict[str, deque[dict[str, Any]]] = {}
+        self._peers: list[Peers] = []
 
     def open(self) -> None:
         pass
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        peers = Peers(instance, definitions)
+        with self._lock:
+            others, self._peers = list(self._peers), [*self._peers, peers]
+        for other in others:
+            peers.heard(other.announcement(hello=False))
+            other.heard(peers.announcement(hello=False))
 
     def claim(
         self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None

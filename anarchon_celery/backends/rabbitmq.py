@@ -25,7 +25,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import amqp
@@ -39,6 +39,7 @@ from ..connections import keep_alive, negotiated_heartbeat
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ..history import decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .peers import Peers
 
 __all__ = ["RabbitMQBackend", "gate_arguments", "gate_name", "history_arguments", "history_name", "reset_connection"]
 
@@ -421,6 +422,11 @@ class RabbitMQBackend(Backend):
         self._prepare_after = 0.0  # monotonic: no new connection for prepare() before then
         self._opened = False
         self._outage_since: float | None = None
+        # Job definitions shared with the other instances (share_definitions), on a channel of
+        # the claims' connection: their announcements are read whenever it is.
+        self._peers: Peers | None = None
+        self._peers_channel: amqp.Channel | None = None
+        self._peers_refused = False
         self._outage_missed = 0  # runs not claimed during the current outage
         self._outage_reminded = 0.0  # time.monotonic() of its last line
 
@@ -462,6 +468,10 @@ class RabbitMQBackend(Backend):
 
     def close(self) -> None:
         self._opened = False
+        if not self._owned and self._peers_channel is not None:
+            with contextlib.suppress(Exception):  # the caller's connection stays; our consumer goes
+                self._peers_channel.close()
+        self._peers_channel = None
         if self._owned:
             try:
                 self.connection.release()
@@ -496,7 +506,8 @@ class RabbitMQBackend(Backend):
             return
         self.await_prepared()
         try:
-            keep_alive(self.connection)
+            keep_alive(self.connection)  # reads the other instances' announcements too
+            self._keep_peers()
         except amqp.exceptions.ChannelError as exc:
             logger.info("anarchon: a channel was closed by RabbitMQ while idle (%s)", exc)
             self._declarer = self._recorder = None
@@ -504,6 +515,55 @@ class RabbitMQBackend(Backend):
         except self._errors() as exc:
             logger.info("anarchon: the connection to RabbitMQ dropped while idle (%s); it will be replaced", exc)
             self._discard(connection_lost=True)
+
+    # -- the other instances ------------------------------------------------------------------
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        """See :meth:`Backend.share_definitions`: announcements go through a fanout exchange
+        ``<prefix>anarchon.instances`` (transient, deleted with its last queue) to an exclusive
+        queue of each instance, consumed on the claims' connection."""
+        self._peers = Peers(instance, definitions)
+        self._peers_channel = None
+        try:
+            self._keep_peers()
+        except self._errors() as exc:
+            logger.info("anarchon: job definitions not shared yet (%s: %s)", type(exc).__name__, exc)
+            self._discard(connection_lost=True)
+
+    def _keep_peers(self) -> None:
+        """Listen to the other instances (again, after a new connection: saying hello) and answer
+        a newcomer. Raises the connection's errors; a refusal turns sharing off, logged once."""
+        peers = self._peers
+        if peers is None or self._peers_refused or not self.connection.connected:
+            return
+        channel = self._peers_channel
+        if channel is None or not channel.is_open:
+            exchange = f"{self.prefix}anarchon.instances"
+            try:
+                channel = self.connection.connection.channel()
+                channel.exchange_declare(exchange, "fanout", durable=False, auto_delete=True)
+                queue = channel.queue_declare("", exclusive=True, auto_delete=True).queue
+                channel.queue_bind(queue, exchange)
+                channel.basic_consume(queue, no_ack=True, callback=lambda message: peers.heard(message.body))
+            except amqp.exceptions.ChannelError as exc:
+                self._peers_refused = True
+                logger.info(
+                    "anarchon: job definitions are not compared with the other instances: RabbitMQ refused "
+                    "exchange %r (%s)",
+                    exchange,
+                    exc,
+                )
+                return
+            self._peers_channel = channel
+            self._announce(channel, hello=True)
+        elif peers.answer_due:
+            self._announce(channel, hello=False)
+
+    def _announce(self, channel: amqp.Channel, *, hello: bool) -> None:
+        assert self._peers is not None
+        self._peers.answer_due = False
+        message = amqp.Message(self._peers.announcement(hello=hello), content_type="application/json")
+        amqp.Channel._basic_publish(channel, message, exchange=f"{self.prefix}anarchon.instances", routing_key="")
 
     # -- the claim ----------------------------------------------------------------------------
 
@@ -1094,6 +1154,7 @@ class RabbitMQBackend(Backend):
         self._confirms = None
         self._declarer = None
         self._recorder = None
+        self._peers_channel = None
         self._streams.clear()
         if self._owned:
             _abort(self.connection)  # ours: nothing else is written on it

@@ -1,0 +1,85 @@
+"""Instances that define a job differently, found and reported.
+
+Every instance computes its runs from its own configuration, so two instances that disagree on a
+job (a rolling deploy that changes its time zone, an instance left on an old release) do not
+race for the same runs: each wins its own, and the job runs on the union of both schedules. A
+claim cannot tell, since each side's gates are its own. So instances tell each other how they
+define their jobs — a new instance announces its definitions, and every instance that hears it
+answers with its own — and each warns, once per other instance and job, with both definitions.
+Pure: the transport (a fanout exchange on RabbitMQ) is the backend's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Peers"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = 1
+
+
+class Peers:
+    """This instance's job definitions, and what it has heard of the others'."""
+
+    def __init__(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        self.instance = instance
+        self.definitions = {job: dict(fields) for job, fields in definitions.items()}
+        self._warned: set[tuple[str, str]] = set()  # (instance, job) already reported
+        #: Whether an announcement of ours is due (another instance just said hello).
+        self.answer_due = False
+        #: Disagreements found, as (other instance, job, what differs): for tests and `check`.
+        self.found: list[tuple[str, str, str]] = []
+
+    def announcement(self, *, hello: bool) -> bytes:
+        """Our definitions; ``hello``: we are new here, and the others should answer."""
+        return json.dumps(
+            {"v": SCHEMA, "instance": self.instance, "hello": hello, "jobs": self.definitions},
+            separators=(",", ":"),
+        ).encode()
+
+    def heard(self, body: bytes | str) -> None:
+        """Take in another instance's announcement; never raises."""
+        try:
+            message = json.loads(body)
+            other, jobs = message["instance"], message["jobs"]
+            if message.get("v") != SCHEMA or not isinstance(other, str) or not isinstance(jobs, dict):
+                return
+        except (ValueError, TypeError, KeyError):
+            return
+        if other == self.instance:
+            return
+        if message.get("hello"):
+            self.answer_due = True
+        for job in sorted(set(jobs) | set(self.definitions)):
+            mine, theirs = self.definitions.get(job), jobs.get(job)
+            if mine == theirs or (other, job) in self._warned:
+                continue
+            self._warned.add((other, job))
+            difference = _difference(mine, theirs if isinstance(theirs, dict) else None)
+            self.found.append((other, job, difference))
+            logger.warning(
+                "anarchon: job %r is defined differently by instance %s: %s. Each instance runs the "
+                "runs of its own definition, so until they agree the job runs on both schedules: "
+                "give every instance the same configuration (see 'Rolling deploys' in the README)",
+                job,
+                other,
+                difference,
+            )
+
+
+def _difference(mine: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None) -> str:
+    if mine is None:
+        return "it runs it, and this instance has no such job"
+    if theirs is None:
+        return "it has no such job, and this instance runs it"
+    fields = sorted(set(mine) | set(theirs), key=lambda key: (key != "schedule", key != "task", key))
+    return "; ".join(
+        f"{key} {mine.get(key, '(none)')} here, {theirs.get(key, '(none)')} there"
+        for key in fields
+        if mine.get(key) != theirs.get(key)
+    )
