@@ -253,12 +253,17 @@ def check(ctx: click.Context, as_json: bool) -> None:
         shown = f"RabbitMQ {'.'.join(map(str, version))}" if version else "reachable"
         return f"{backend.describe()}: {shown}"
 
+    def claims() -> str:
+        holder["d"].backend.check_claims()
+        return "a gate can be declared, claimed and deleted under the prefix (permissions)"
+
     def streams() -> str:
         holder["d"].backend.check_history()
         return "history streams can be created"
 
     with opened:
         if step("config", config) and step("broker", broker):
+            step("claims", claims)
             step("streams", streams)
     ok = all(c["ok"] for c in checks)
     if as_json:

@@ -91,6 +91,7 @@ class Scheduler(beat.Scheduler):
             backend = deployment.backend
             try:
                 backend.open()
+                backend.check_claims()  # the user's permissions, now rather than at each run
                 reachable = True
             except BrokerUnavailable as exc:
                 # Not a reason to exit (and be restarted in a loop): claims keep trying to connect.

@@ -86,7 +86,7 @@ def test_check_passes_on_a_good_config(app_env: dict[str, str]) -> None:
     result = invoke("check", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["ok"] and [c["check"] for c in report["checks"]] == ["config", "broker", "streams"]
+    assert report["ok"] and [c["check"] for c in report["checks"]] == ["config", "broker", "claims", "streams"]
     assert "RabbitMQ 3." in report["checks"][1]["detail"] and "guest:**@" in report["checks"][1]["detail"]
 
 

@@ -55,6 +55,7 @@ def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -
     assert [line.split()[:2] for line in result["cli"]["check"].splitlines()] == [
         ["ok", "config"],
         ["ok", "broker"],
+        ["ok", "claims"],
         ["ok", "streams"],
     ]
     assert "fails" in result["cli"]["jobs"] and "failed" in result["cli"]["jobs"]

@@ -16,7 +16,7 @@ import pytest
 from demo import start_celery
 from kombu import Connection, Exchange, Queue
 
-from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl
+from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl
 from .proxy import Proxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,6 +236,38 @@ def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
     assert "Traceback" not in text
     assert "ready as" not in text
     assert "s3cret" not in text
+
+
+@pytest.fixture
+def limited_user(prefix: str) -> Iterator[str]:
+    """A RabbitMQ user who may use every name but the prefix's: as if anarchon_prefix were outside
+    the permissions given."""
+    need_rabbitmqctl()
+    user = f"anarchon-{prefix.rstrip('.')}"
+    assert rabbitmqctl("add_user", user, "s3cret")
+    try:
+        assert rabbitmqctl("set_permissions", "-p", "/", user, f"^(?!{prefix})", ".*", ".*")
+        yield user
+    finally:
+        rabbitmqctl("delete_user", user)
+
+
+@pytest.mark.timeout(120)
+def test_missing_permissions_stop_beat_in_one_line_naming_them(
+    beat_env: dict[str, str], tmp_path: Path, limited_user: str, prefix: str
+) -> None:
+    log = tmp_path / "beat.log"
+    beat = start_beat(dict(beat_env, HISTORY_APP_BACKEND=f"amqp://{limited_user}:s3cret@127.0.0.1:5672//"), log)
+    try:
+        status = beat.wait(60)
+    finally:
+        kill(beat)
+    text = log.read_text(errors="replace")
+    assert status == 1, text[-3000:]
+    [line] = [line for line in text.splitlines() if "CRITICAL/" in line]
+    assert f"refuses user {limited_user!r} the gate queues named {prefix}*" in line
+    assert "rabbitmqctl set_permissions" in line
+    assert "ready as" not in text and "Traceback" not in text and "s3cret" not in text
 
 
 @pytest.mark.timeout(120)

@@ -156,6 +156,11 @@ class Backend(abc.ABC):
         Raises :class:`~anarchon_celery.BrokerError` when the history cannot be read.
         """
 
+    def check_claims(self) -> None:
+        """Raise :class:`~anarchon_celery.BrokerError` when claims cannot be made here (the
+        user's permissions), after :meth:`open`. The default checks nothing."""
+        return None
+
     def check_history(self) -> None:
         """Raise :class:`~anarchon_celery.BrokerError` when history cannot be kept here."""
         return None

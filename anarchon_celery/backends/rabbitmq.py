@@ -542,7 +542,9 @@ class RabbitMQBackend(Backend):
             try:
                 channel = self.connection.connection.channel()
                 channel.exchange_declare(exchange, "fanout", durable=False, auto_delete=True)
-                queue = channel.queue_declare("", exclusive=True, auto_delete=True).queue
+                # Named under the prefix (not amq.gen-...), so that the prefix's permissions cover it.
+                queue = f"{self.prefix}anarchon.instance.{uuid.uuid4().hex[:12]}"
+                channel.queue_declare(queue, exclusive=True, auto_delete=True)
                 channel.queue_bind(queue, exchange)
                 channel.basic_consume(queue, no_ack=True, callback=lambda message: peers.heard(message.body))
             except amqp.exceptions.ChannelError as exc:
@@ -1007,6 +1009,39 @@ class RabbitMQBackend(Backend):
                 "RabbitMQ 3.9+ with the stream_queue feature flag enabled "
                 "(rabbitmqctl enable_feature_flag stream_queue)"
             ) from exc
+
+    def check_claims(self) -> None:
+        """Declare a gate, claim it and delete it, under the prefix: BrokerRefused, naming the
+        permissions to give, when the user may not (configure, write, read on the prefix's names)."""
+        name = f"{self.prefix}anarchon-check.{uuid.uuid4().hex[:12]}.slot.0"
+        arguments = dict(gate_arguments(self.slot_ttl_ms), **{"x-expires": 60_000})  # gone soon, whatever happens
+        try:
+            raw = self._connect(self.confirm_timeout)
+            channel = raw.channel()
+            try:
+                channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+                channel.basic_publish_confirm(
+                    amqp.Message(b"{}", delivery_mode=2),
+                    exchange="",
+                    routing_key=name,
+                    mandatory=True,
+                    confirm_timeout=self.confirm_timeout,
+                )
+                channel.queue_delete(name)
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+        except amqp.exceptions.AccessRefused as exc:
+            user, vhost, pattern = self.connection.userid, self.connection.virtual_host, f"^{re.escape(self.prefix)}"
+            raise BrokerRefused(
+                f"RabbitMQ at {self.connection.as_uri()} refuses user {user!r} the gate queues named "
+                f"{self.prefix}* ({_text(exc.reply_text)}): claims need configure, write and read permissions "
+                f"on them and write on amq.default, e.g. rabbitmqctl set_permissions -p {vhost} {user} "
+                f"'{pattern}' '{pattern}|^amq\\.default$' '{pattern}'"
+            ) from exc
+        except self._errors() as exc:
+            self._discard(connection_lost=True)
+            raise BrokerUnavailable(f"cannot check the claims on {self.connection.as_uri()}: {exc}") from exc
 
     # -- gates --------------------------------------------------------------------------------
 
