@@ -83,3 +83,11 @@ def test_a_worker_embedding_celerys_own_beat_says_so(
         assert error in text
         assert "--scheduler anarchon_celery.Scheduler" in text
         assert "-S is --statedb" in text
+
+
+def test_the_readme_never_tells_a_worker_to_take_the_scheduler_with_dash_s() -> None:
+    commands = [line for line in (ROOT / "README.md").read_text().splitlines() if "celery " in line and " -B" in line]
+    assert commands, "the README shows how to embed the scheduler in a worker"
+    for line in commands:
+        if "`" not in line:  # a command line of a code block, not prose about the mistake
+            assert "--scheduler anarchon_celery.Scheduler" in line and " -S " not in line, line
