@@ -3,7 +3,24 @@
 A run is written as small events keyed by its run id: ``sent`` by the beat that won it (or by
 ``run_now``), then ``running`` and ``succeeded`` or ``failed`` by the worker. Task arguments and
 results are never recorded. A run whose worker died stays ``running``: nothing can tell it stopped.
-Pure: no I/O.
+
+Two more kinds tell of runs that went otherwise:
+
+* ``unsent`` (from the beat): the run was won but its task could not be sent, with the error. A
+  task written but not confirmed may still arrive and run, so a later ``running`` supersedes it.
+* ``revoked`` (from the worker, Celery's ``task_revoked``): the task was discarded or stopped, with
+  a ``reason``: ``revoked`` (by id, before it ran), ``expired`` (its ``expires`` had passed when a
+  worker got it) or ``terminated`` (stopped while running; ``error`` then names the signal). A task
+  the broker dropped unseen (a message TTL) leaves no such event: its run stays ``sent``.
+
+A run's ``status`` is the kind of its most advanced event: ``sent`` or ``unsent`` (rank 0), then
+``running`` (1), then ``succeeded``, ``failed`` or ``revoked`` (2, final); between two events of one
+rank, the later one in the stream counts. ``Run.reason`` is a revoked run's reason (so an expired
+task is status ``revoked``, reason ``expired``), None for any other status; ``error_type`` and
+``error`` are those of a ``failed``, ``revoked`` or ``unsent`` status.
+
+Version 1 of the JSON form gained ``unsent`` and ``revoked``; a reader that predates them skips
+them, as it skips anything not of ours. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,20 +30,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["EVENTS", "Run", "decode_event", "encode_event", "fold"]
+__all__ = ["EVENTS", "REVOKE_REASONS", "Run", "decode_event", "encode_event", "fold"]
 
 SCHEMA = 1
-#: Events in the order a run goes through them.
-EVENTS = ("sent", "running", "succeeded", "failed")
-_RANK = {"sent": 0, "running": 1, "succeeded": 2, "failed": 2}
+#: Every kind of event, roughly in the order a run goes through them.
+EVENTS = ("sent", "unsent", "running", "succeeded", "failed", "revoked")
+#: The most events one run gets (not counting an event written twice): sent or unsent, running,
+#: and a final one.
+EVENTS_PER_RUN = 3
+#: Why a task was revoked: the ``reason`` of a ``revoked`` event.
+REVOKE_REASONS = ("revoked", "expired", "terminated")
+_RANK = {"sent": 0, "unsent": 0, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2}
 #: Error messages are cut to this many characters.
 MAX_ERROR_CHARS = 500
 #: Fields each event may carry besides its kind, run, job and time.
+_SENT_FIELDS = ("slot", "task_id", "task", "instance", "trigger")
 _FIELDS = {
-    "sent": ("slot", "task_id", "task", "instance", "trigger"),
+    "sent": _SENT_FIELDS,
+    "unsent": (*_SENT_FIELDS, "error_type", "error"),
     "running": ("worker",),
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
+    "revoked": ("worker", "reason", "error"),
 }
 
 
@@ -37,6 +62,8 @@ def encode_event(event: str, *, run: str, job: str, at_ms: int, **fields: Any) -
     extra = set(fields) - set(_FIELDS[event])
     if extra:
         raise ValueError(f"history event {event!r} cannot carry {sorted(extra)}")
+    if event == "revoked" and fields.get("reason") not in REVOKE_REASONS:
+        raise ValueError(f"a revoked event's reason is one of {list(REVOKE_REASONS)}, not {fields.get('reason')!r}")
     if "error" in fields and fields["error"] is not None:
         fields["error"] = str(fields["error"])[:MAX_ERROR_CHARS]
     record = {"v": SCHEMA, "event": event, "run": run, "job": job, "at_ms": at_ms}
@@ -67,7 +94,7 @@ class Run:
 
     run_id: str
     job: str
-    status: str  # sent, running, succeeded or failed
+    status: str  # sent, unsent, running, succeeded, failed or revoked
     trigger: str | None  # "schedule" or "manual"; None when the sent event was trimmed away
     slot: int | None
     task_id: str | None
@@ -76,9 +103,10 @@ class Run:
     worker: str | None
     sent_at_ms: int | None
     started_at_ms: int | None
-    finished_at_ms: int | None
+    finished_at_ms: int | None  # when it succeeded, failed or was revoked
     error_type: str | None
     error: str | None
+    reason: str | None = None  # a revoked run's: revoked, expired or terminated
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +115,8 @@ class Run:
 def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[Run]:
     """Runs from their events (in stream order), newest first, at most ``limit`` of them.
 
-    A run's status is its most advanced event; events of one run may arrive in any order.
+    A run's status is its most advanced event; events of one run may arrive in any order, and
+    an event written twice counts once.
     """
     runs: dict[str, dict[str, Any]] = {}
     for event in events:
@@ -95,17 +124,27 @@ def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[
         kind = event["event"]
         if _RANK[kind] >= run["rank"]:
             run["rank"], run["status"] = _RANK[kind], kind
-        if kind == "sent":
-            run.update({k: event.get(k) for k in _FIELDS["sent"]}, sent_at_ms=event["at_ms"])
+        if kind in ("sent", "unsent"):
+            run.update({k: event.get(k) for k in _SENT_FIELDS})
+            if kind == "sent":
+                run["sent_at_ms"] = event["at_ms"]
+            else:
+                run["unsent_error"] = event.get("error_type"), event.get("error")
         elif kind == "running":
-            run.setdefault("worker", event.get("worker"))
+            if run.get("worker") is None:  # a final event's worker, if any, counts
+                run["worker"] = event.get("worker")
             run["started_at_ms"] = event["at_ms"]
         else:
-            run["worker"] = event.get("worker", run.get("worker"))
+            if event.get("worker") is not None:
+                run["worker"] = event["worker"]
             run["finished_at_ms"] = event["at_ms"]
             run["error_type"], run["error"] = event.get("error_type"), event.get("error")
+            run["reason"] = event.get("reason")
         run.setdefault("first_ms", event["at_ms"])
         run["first_ms"] = min(run["first_ms"], event["at_ms"])
+    for run in runs.values():
+        if run["status"] == "unsent":  # why it was not sent (once it ran, that no longer matters)
+            run["error_type"], run["error"] = run["unsent_error"]
     ordered = sorted(runs.values(), key=lambda r: (r.get("sent_at_ms") or r["first_ms"], r["run_id"]), reverse=True)
     if limit is not None:
         ordered = ordered[: max(0, limit)]

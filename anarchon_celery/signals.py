@@ -1,31 +1,69 @@
-"""Worker-side history: ``running``, then ``succeeded`` or ``failed``, for every task the
-scheduler sent (tasks without the ``anarchon_run`` header are ignored).
+"""Worker-side history: ``running``, then ``succeeded``, ``failed`` or ``revoked``, for every task
+the scheduler sent (tasks without the ``anarchon_run`` header are ignored).
 
 Connected when ``anarchon_celery`` is imported in the worker, which ``@anarchon_celery.cron``
 does; for apps that only use ``beat_schedule``, add ``"anarchon_celery"`` to Celery's ``imports``
-setting. Recording never fails a task: a history event that cannot be written is logged.
+setting. Recording never fails a task, nor makes it wait for the broker:
+
+* A task's signal only puts its event in its process's buffer. One background thread per process
+  (per app; a prefork child starts its own) writes the buffer in batches, each confirmed by the
+  broker (:meth:`~anarchon_celery.Backend.record_many`), each job's in the order they came, after
+  letting them gather for :data:`LINGER_S`. That thread alone uses the deployment's backend, which
+  is not thread-safe.
+* An event that could not be written stays at the head of the buffer and is written again, with a
+  growing pause (up to :data:`RETRY_MAX_S`), for as long as it takes: an outage delays history, it
+  does not lose it. A job whose events keep failing (its stream refused) pauses alone, and the
+  other jobs' events go on. After a partial failure some events may be written twice, which the
+  fold counts once.
+* The buffer holds :data:`BUFFER_EVENTS` events per process. When it is full (a long outage), the
+  oldest events are dropped, with a warning giving how many (an older event is the one a run can
+  best do without: its later ones still give its status).
+* At a clean stop (``worker_shutdown``, ``worker_process_shutdown`` in a prefork child, and at exit
+  for anything else) the buffer is flushed for up to :data:`FLUSH_TIMEOUT_S` seconds; what is left
+  after that (RabbitMQ unavailable) is logged as an error with its count. A process killed with
+  SIGKILL loses what its buffer held.
+* A task run eagerly (``task_always_eager``) waits for its events to be written, as the run it
+  belongs to is in the caller's hands.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
-from typing import Any
+import time
+from collections import Counter, deque
+from typing import Any, NamedTuple
 
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, task_revoked, worker_process_shutdown, worker_shutdown
 
 from . import clock
-from .backends import Backend
 from .history import encode_event
 
-__all__ = ["run_headers_of"]
+__all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush", "run_headers_of"]
 
 logger = logging.getLogger(__name__)
 
+#: Events a process keeps waiting to be written; beyond that the oldest are dropped.
+BUFFER_EVENTS = 10_000
+#: Events written together (one confirm wait).
+BATCH_EVENTS = 500
+#: Seconds the thread lets events gather before writing them: a batch costs the worker far less
+#: CPU per event than events written one by one, and history can wait that long.
+LINGER_S = 0.05
+#: Seconds a clean stop waits for the buffer to be written.
+FLUSH_TIMEOUT_S = 10.0
+#: The longest pause between two tries of events that could not be written.
+RETRY_MAX_S = 30.0
+#: The first pause, doubled at each failure in a row.
+RETRY_MIN_S = 0.5
+#: Seconds between two warnings about dropped events.
+DROP_WARNING_S = 10.0
+
 _lock = threading.Lock()
 #: Per process (a prefork child must not share its parent's connection) and per app.
-_deployments: dict[tuple[int, int], Any] = {}
+_writers: dict[tuple[int, int], _Writer] = {}
 
 
 def run_headers_of(request: Any) -> dict[str, Any] | None:
@@ -41,24 +79,289 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
     return {"run": run, "job": get("anarchon_job"), "slot": get("anarchon_slot"), "trigger": get("anarchon_trigger")}
 
 
-def _deployment(app: Any) -> Any:
-    from .control import configure
+class _Event(NamedTuple):
+    seq: int  # the order events were put in, across jobs
+    job: str
+    body: bytes
+    history_size: int
 
+
+class _Writer:
+    """One process's history events for one app: the buffer, and the thread that writes it.
+
+    The buffer is a queue per job, so that a job that cannot be written holds up none of the
+    others; everything but the backend is guarded by ``_cond``, and the backend is used by the
+    thread only.
+    """
+
+    def __init__(self, app: Any) -> None:
+        from .control import configure  # control imports sending, which imports Celery's app machinery
+
+        self.deployment = configure(app)  # no I/O: the backend connects on its first write
+        self.pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._queues: dict[str, deque[_Event]] = {}
+        self._waiting = 0  # events in the queues
+        self._writing = 0  # events taken by the thread, not yet settled
+        self._seq = 0
+        self._retry_at: dict[str, float] = {}  # job -> monotonic time of its next try
+        self._pause: dict[str, float] = {}  # job -> the pause after its next failure
+        self._probe = False  # after a batch of several jobs failed whole: one job per batch
+        self._flushers = 0
+        self._closed = False
+        self.written = 0
+        self.dropped = 0
+        self._dropped_unreported = 0
+        self._drop_warned_at = -DROP_WARNING_S
+        self._thread = threading.Thread(target=self._run, name=f"anarchon-history-{self.pid}", daemon=True)
+        self._thread.start()
+
+    # -- the tasks' side ------------------------------------------------------------------------
+
+    def history_size(self, job: str) -> int:
+        spec = self.deployment.jobs.get(job)
+        return spec.history_size if spec else self.deployment.settings.history_size
+
+    def put(self, job: str, body: bytes, history_size: int) -> None:
+        with self._cond:
+            if self._closed:
+                logger.error("anarchon: job %r: history event put after shutdown, not recorded", job)
+                return
+            if self._waiting >= BUFFER_EVENTS:
+                self._drop_oldest()
+            self._seq += 1
+            queue = self._queues.setdefault(job, deque())
+            queue.append(_Event(self._seq, job, body, history_size))
+            self._waiting += 1
+            if len(queue) == 1 or self._waiting == BATCH_EVENTS:  # else the thread knows already
+                self._cond.notify_all()
+
+    def _drop_oldest(self) -> None:
+        oldest = min(self._queues, key=lambda job: self._queues[job][0].seq)
+        queue = self._queues[oldest]
+        queue.popleft()
+        if not queue:
+            del self._queues[oldest]
+        self._waiting -= 1
+        self.dropped += 1
+        self._dropped_unreported += 1
+        now = time.monotonic()
+        if now - self._drop_warned_at >= DROP_WARNING_S:
+            logger.warning(
+                "anarchon: history buffer full (%d events waiting; RabbitMQ slow or unavailable): "
+                "%d oldest event(s) dropped since the last warning, %d in all by this process",
+                self._waiting,
+                self._dropped_unreported,
+                self.dropped,
+            )
+            self._drop_warned_at, self._dropped_unreported = now, 0
+
+    def flush(self, timeout: float) -> int:
+        """Wait until every event put so far is written, for at most ``timeout`` seconds; return
+        how many are still waiting."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._flushers += 1
+            self._cond.notify_all()  # paused jobs are tried again sooner while someone waits
+            try:
+                while self._waiting or self._writing:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._thread.is_alive():
+                        break
+                    self._cond.wait(left)
+                return self._waiting + self._writing
+            finally:
+                self._flushers -= 1
+
+    def close(self, timeout: float) -> None:
+        """Flush, then stop the thread and release the backend."""
+        with self._cond:
+            before, pending = self.written, self._waiting + self._writing
+        if pending:
+            logger.info("anarchon: %d history event(s) to write before stopping (within %.0fs)", pending, timeout)
+        left = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            jobs = sorted(self._queues)
+            self._cond.notify_all()
+        with self._cond:
+            at_stop = self.written - before
+        if at_stop:
+            logger.info("anarchon: %d history event(s) written at shutdown", at_stop)
+        if left:
+            logger.error(
+                "anarchon: %d history event(s) of job(s) %s not written at shutdown within %.0fs "
+                "(RabbitMQ slow or unavailable): lost",
+                left,
+                ", ".join(map(repr, jobs)) or "(being written)",
+                timeout,
+            )
+        self._thread.join(1.0)
+        if not self._thread.is_alive():  # else it is stuck on the broker: leave its backend alone
+            self.deployment.release()
+        if self.dropped:
+            logger.warning("anarchon: %d history event(s) were dropped by this process (buffer full)", self.dropped)
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            if not batch:  # idle: keep the connection alive
+                try:
+                    self.deployment.backend.maintain()
+                except Exception:  # noqa: BLE001 - the next write reconnects
+                    logger.debug("anarchon: history connection upkeep failed", exc_info=True)
+                continue
+            try:
+                left = self._write(batch)
+            except Exception:  # noqa: BLE001 - a bug must not stop history for good
+                logger.exception("anarchon: writing %d history event(s) failed; trying again", len(batch))
+                left = batch
+                for job, count in Counter(e.job for e in batch).items():
+                    self._failed(job, count)
+            with self._cond:
+                for event in reversed(left):  # at the head of their queues again, in their order
+                    self._queues.setdefault(event.job, deque()).appendleft(event)
+                self._waiting += len(left)
+                self.written += len(batch) - len(left)
+                self._writing = 0
+                self._cond.notify_all()
+
+    def _next_batch(self) -> list[_Event] | None:
+        """The next events to write, taken from the queues; [] after an idle wait; None once
+        closed (with nobody waiting for a flush)."""
+        idle = self.deployment.backend.max_idle_s() or 30.0
+        lingered = False
+        with self._cond:
+            while True:
+                if self._closed and (not self._waiting or not self._flushers):
+                    return None
+                now = time.monotonic()
+                for job in [job for job, at in self._retry_at.items() if at <= now]:
+                    del self._retry_at[job]
+                ready = sorted((q[0].seq, job) for job, q in self._queues.items() if job not in self._retry_at)
+                if self._probe:
+                    ready = ready[:1]
+                if ready and not (self._flushers or self._closed or lingered or self._waiting >= BATCH_EVENTS):
+                    lingered = True  # let more events gather first
+                    self._cond.wait(LINGER_S)
+                    continue
+                batch: list[_Event] = []
+                for _, job in ready:
+                    queue = self._queues[job]
+                    while queue and len(batch) < BATCH_EVENTS:
+                        batch.append(queue.popleft())
+                    if not queue:
+                        del self._queues[job]
+                    if len(batch) >= BATCH_EVENTS:
+                        break
+                if batch:
+                    self._waiting -= len(batch)
+                    self._writing = len(batch)
+                    return batch
+                waits = [at - now for at in self._retry_at.values()]
+                if self._flushers:
+                    waits = [min(w, 1.0) for w in waits]
+                if not self._cond.wait(max(0.01, min([idle, *waits]))) and not self._waiting:
+                    return []
+
+    def _write(self, batch: list[_Event]) -> list[_Event]:
+        """Write ``batch``; return the events that must be tried again, in their order."""
+        backend = self.deployment.backend
+        by_job: dict[str, list[_Event]] = {}
+        for event in batch:
+            by_job.setdefault(event.job, []).append(event)
+        written = backend.record_many([(e.job, e.body, e.history_size) for e in batch])
+        if written == len(batch):
+            self._succeeded(list(by_job))
+            return []
+        if len(by_job) == 1 or not written:
+            # Nothing written: RabbitMQ is away, or that one job's stream is refused. Several jobs:
+            # which is it? The next batches hold one job each until one of them is written.
+            self._probe = self._probe or len(by_job) > 1
+            for job, events in by_job.items():
+                self._failed(job, len(events))
+            return batch
+        # Some written: find which jobs fail, one job at a time (an event written twice is folded once).
+        left: list[_Event] = []
+        for job, events in by_job.items():
+            if backend.record_many([(e.job, e.body, e.history_size) for e in events]) == len(events):
+                self._succeeded([job])
+            else:
+                self._failed(job, len(events))
+                left += events
+        return left
+
+    def _succeeded(self, jobs: list[str]) -> None:
+        self._probe = False
+        for job in jobs:
+            if self._pause.pop(job, None) is not None:
+                logger.warning("anarchon: job %r: history events are written again", job)
+
+    def _failed(self, job: str, count: int) -> None:
+        if job not in self._pause:
+            logger.warning(
+                "anarchon: job %r: %d history event(s) not written yet; they are kept and tried again", job, count
+            )
+        pause = self._pause.get(job, RETRY_MIN_S)
+        self._pause[job] = min(RETRY_MAX_S, pause * 2)
+        self._retry_at[job] = time.monotonic() + pause
+
+
+def _writer(app: Any) -> _Writer:
     key = (os.getpid(), id(app))
+    writer = _writers.get(key)
+    if writer is None:
+        with _lock:
+            writer = _writers.get(key)
+            if writer is None:
+                writer = _writers[key] = _Writer(app)
+    return writer
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with none of its parent's writers (their threads did not follow)."""
+    global _lock
+    _lock = threading.Lock()
+    _writers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def flush(timeout: float = FLUSH_TIMEOUT_S) -> int:
+    """Wait until this process's history events are written, for at most ``timeout`` seconds;
+    return how many are still waiting."""
+    deadline = time.monotonic() + timeout
+    return sum(w.flush(max(0.0, deadline - time.monotonic())) for w in _own_writers())
+
+
+def _own_writers() -> list[_Writer]:
+    pid = os.getpid()
     with _lock:
-        if key not in _deployments:
-            _deployments[key] = configure(app)
-        return _deployments[key]
+        return [w for (p, _), w in _writers.items() if p == pid]
 
 
-def _record(task: Any, event: str, **fields: Any) -> None:
+def _close_all(**_: Any) -> None:
+    deadline = time.monotonic() + FLUSH_TIMEOUT_S
+    pid = os.getpid()
+    for writer in _own_writers():
+        writer.close(max(0.0, deadline - time.monotonic()))
+    with _lock:
+        for key in [k for k in _writers if k[0] == pid]:
+            del _writers[key]
+
+
+def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
     try:
-        run = run_headers_of(task.request)
+        run = run_headers_of(request)
         if run is None or not run["job"]:
             return
-        deployment = _deployment(task.app)
-        job = deployment.jobs.get(run["job"])
-        history_size = job.history_size if job else deployment.settings.history_size
+        writer = _writer(task.app)
+        history_size = writer.history_size(run["job"])
         if not history_size:
             return  # the job keeps no history
         body = encode_event(
@@ -66,12 +369,12 @@ def _record(task: Any, event: str, **fields: Any) -> None:
             run=run["run"],
             job=run["job"],
             at_ms=clock.now_ms(),
-            worker=task.request.hostname or f"pid {os.getpid()}",
+            worker=getattr(request, "hostname", None) or f"pid {os.getpid()}",
             **fields,
         )
-        backend: Backend = deployment.backend
-        with _lock:  # one connection per process, shared by a thread pool's threads
-            backend.record(run["job"], body, history_size)
+        writer.put(run["job"], body, history_size)
+        if getattr(request, "is_eager", False):
+            writer.flush(FLUSH_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - history must never fail the task
         logger.warning("anarchon: %s event of task %s not recorded", event, getattr(task, "name", task), exc_info=True)
 
@@ -79,7 +382,7 @@ def _record(task: Any, event: str, **fields: Any) -> None:
 @task_prerun.connect
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     if task is not None:
-        _record(task, "running")
+        _record(task, task.request, "running")
 
 
 @task_postrun.connect
@@ -87,6 +390,28 @@ def _on_postrun(sender: Any = None, task: Any = None, retval: Any = None, state:
     if task is None:
         return
     if state == "SUCCESS":
-        _record(task, "succeeded")
+        _record(task, task.request, "succeeded")
     elif state == "FAILURE":
-        _record(task, "failed", error_type=type(retval).__name__, error=str(retval))
+        _record(task, task.request, "failed", error_type=type(retval).__name__, error=str(retval))
+
+
+@task_revoked.connect
+def _on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **_: Any,
+) -> None:
+    """In the worker's main process, for a task discarded before it ran or terminated."""
+    if sender is None or request is None:
+        return
+    reason = "expired" if expired else "terminated" if terminated else "revoked"
+    error = f"signal {signum}" if terminated and signum is not None else None
+    _record(sender, request, "revoked", reason=reason, error=error)
+
+
+worker_shutdown.connect(_close_all, weak=False)
+worker_process_shutdown.connect(_close_all, weak=False)
+atexit.register(_close_all)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import clock
-from ..history import EVENTS, decode_event
+from ..history import EVENTS_PER_RUN, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 from .peers import Peers
 
@@ -83,7 +83,7 @@ class MemoryBackend(Backend):
         with self._lock:
             events = self._history.setdefault(job, deque())
             events.append(decoded)
-            while len(events) > history_size * len(EVENTS):
+            while len(events) > history_size * (EVENTS_PER_RUN + 1):
                 events.popleft()
         return True
 
