@@ -34,6 +34,14 @@ __all__ = ["Scheduler", "instance_id"]
 logger = logging.getLogger(__name__)
 
 
+class _Done(NamedTuple):
+    """A won run once its send is over: sent (``error`` None) or not, at ``at_ms``."""
+
+    run: Outgoing
+    at_ms: int
+    error: BaseException | None
+
+
 class _Due(NamedTuple):
     due_ms: int  # slot + this instance's jitter
     slot: int
@@ -208,7 +216,7 @@ class Scheduler(beat.Scheduler):
         self._keep_alive()
         if not self._connect_after:
             self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
-        sent: list[tuple[Outgoing, int]] = []
+        done: list[_Done] = []
         # Every run due now, in batches; a stop signal waits for the batch in progress only (and
         # for stopping.GRACE_S at most). The jobs' next runs are queued once the runs due are
         # claimed and sent (working them out takes a fraction of a millisecond per cron job, more
@@ -226,12 +234,12 @@ class Scheduler(beat.Scheduler):
                                 while self._queue and self._queue[0].due_ms <= now and len(due) < self.batch_size:
                                     due.append(heapq.heappop(self._queue))
                                 taken += ((item, now) for item in due)
-                                sent += self._run(due, now)
+                                done += self._run(due, now)
                         finally:
                             self._queue_next(taken)
                 finally:
                     if not stopping.expired():
-                        self._record(sent)  # after every claim and send due now: history never delays a run
+                        self._record(done)  # after every claim and send due now: history never delays a run
         except stopping.Stopping:
             self._abandon()
         finally:
@@ -290,7 +298,7 @@ class Scheduler(beat.Scheduler):
         for item, now in taken:
             self._schedule_after(self.jobs[item.job], item.slot, now, known)
 
-    def _run(self, due: list[_Due], now: int) -> list[tuple[Outgoing, int]]:
+    def _run(self, due: list[_Due], now: int) -> list[_Done]:
         """Claim the due runs (taken off the queue at ``now``) and send the tasks of those won;
         returns the runs sent, with when. The jobs' next runs are queued by the caller."""
         claims: list[Claim] = []
@@ -312,7 +320,7 @@ class Scheduler(beat.Scheduler):
             claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
         return self._claim(claims, now) if claims else []
 
-    def _claim(self, claims: list[Claim], now: int) -> list[tuple[Outgoing, int]]:
+    def _claim(self, claims: list[Claim], now: int) -> list[_Done]:
         assert self.backend is not None
         logger.debug("anarchon: claiming %d run(s)", len(claims))
         backend = self.backend
@@ -378,8 +386,8 @@ class Scheduler(beat.Scheduler):
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _send(self, runs: list[Outgoing]) -> list[tuple[Outgoing, int]]:
-        """Send the won runs' tasks, all at once; returns those sent, with when."""
+    def _send(self, runs: list[Outgoing]) -> list[_Done]:
+        """Send the won runs' tasks, all at once; returns each run with when and how it ended."""
         errors = self.sender.send(runs)
         at_ms = clock.now_ms()
         for run, error in zip(runs, errors):
@@ -396,17 +404,19 @@ class Scheduler(beat.Scheduler):
                 )
                 continue
             logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, run.slot, job.task, run.task_id)
-        return [(run, at_ms) for run, error in zip(runs, errors) if error is None]
+        return [_Done(run, at_ms, error) for run, error in zip(runs, errors)]
 
-    def _record(self, sent: list[tuple[Outgoing, int]]) -> None:
-        """Write the ``sent`` event of each run to its job's history."""
+    def _record(self, done: list[_Done]) -> None:
+        """Write the ``sent`` event of each run sent to its job's history, and the ``unsent``
+        event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
         events = []
-        for run, at_ms in sent:
+        for run, at_ms, error in done:
             if not run.job.history_size:
                 continue  # the job keeps no history
+            failure = {} if error is None else {"error_type": type(error).__name__, "error": str(error)}
             event = encode_event(
-                "sent",
+                "sent" if error is None else "unsent",
                 run=run.run_id,
                 job=run.job.name,
                 at_ms=at_ms,
@@ -415,6 +425,7 @@ class Scheduler(beat.Scheduler):
                 task=run.job.task,
                 instance=self.instance,
                 trigger="schedule",
+                **failure,
             )
             events.append((run.job.name, event, run.job.history_size))
         if events:

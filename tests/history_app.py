@@ -19,7 +19,7 @@ app.conf.update(
     anarchon_max_late_ms=int(os.environ.get("HISTORY_APP_MAX_LATE_MS", "5000")),
     anarchon_lead_ms=int(os.environ.get("HISTORY_APP_LEAD_MS", "10000")),
     anarchon_jitter_ms=0,
-    anarchon_history_size=5,
+    anarchon_history_size=int(os.environ.get("HISTORY_APP_HISTORY_SIZE", "5")),
     beat_schedule={
         "fine": {
             "task": "history_app.fine",

@@ -319,6 +319,11 @@ def test_a_refused_send_is_logged_with_job_and_slot(
     assert f"job 'refused' slot {T0}: won, but sending task tasks.work" in caplog.text
     assert "MessageNacked" in caplog.text
     assert f"job 'fine' slot {T0}: won, sent tasks.work" in caplog.text
+    # The run that could not be sent shows in its history, with why.
+    [refused] = anarchon_celery.history(app, "refused")
+    assert (refused.status, refused.slot, refused.error_type) == ("unsent", T0, "MessageNacked")
+    assert refused.task_id == task_id_for(prefix, "refused", T0) and refused.instance == scheduler.instance
+    assert anarchon_celery.last_run(app, "fine").status == "sent"  # type: ignore[union-attr]
 
 
 def test_banner_names_backend_prefix_and_jobs_without_the_password(app: Celery, prefix: str) -> None:

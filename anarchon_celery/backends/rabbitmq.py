@@ -814,9 +814,12 @@ class RabbitMQBackend(Backend):
     # -- history ------------------------------------------------------------------------------
 
     def record(self, job: str, event: bytes, history_size: int) -> bool:
+        return self._record(job, event, history_size, attempts=3)
+
+    def _record(self, job: str, event: bytes, history_size: int, *, attempts: int) -> bool:
         name = history_name(self.prefix, job)
         message = amqp.Message(event, content_type="application/json", delivery_mode=2)
-        for attempt in range(1, 4):
+        for attempt in range(1, attempts + 1):
             try:
                 self._connect(self.confirm_timeout)
                 if name not in self._streams:
@@ -836,7 +839,7 @@ class RabbitMQBackend(Backend):
             except (amqp.exceptions.ChannelError, amqp.exceptions.MessageNacked) as exc:
                 self._declarer = self._recorder = None
                 self._streams.discard(name)
-                if attempt == 3:
+                if attempt == attempts:
                     logger.warning("anarchon: job %r: history event not recorded (%r)", job, exc)
                     return False
                 time.sleep(0.2 * attempt)
@@ -844,7 +847,7 @@ class RabbitMQBackend(Backend):
                 # A history event is safe to write again (the fold ignores repeats); RabbitMQ 3.10
                 # answers two clients creating one stream at once with 541, closing a connection.
                 self._discard(connection_lost=True)
-                if attempt == 3:
+                if attempt == attempts:
                     logger.warning(
                         "anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc
                     )
@@ -903,9 +906,11 @@ class RabbitMQBackend(Backend):
             )
         recorded = len(events) - len(unconfirmed)
         for done, n in enumerate(unconfirmed):
-            if self.record(*events[n]):
+            # After a failed connection, once each, on a new one: a cut connection is replaced at
+            # once, but a broker that does not answer would hold the next claims up at every try.
+            if self._record(*events[n], attempts=1 if connection_failed else 3):
                 recorded += 1
-            elif connection_failed and self._outage_since is not None:
+            elif connection_failed:
                 # RabbitMQ is not answering: one event at a time, each with its retries, would hold
                 # up the next claims for as long as the outage lasts.
                 logger.warning(
