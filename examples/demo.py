@@ -98,6 +98,11 @@ def check_broker(url: str = BROKER, timeout: float = 2.0) -> None:
 # Queue names straight from the broker's metadata: `rabbitmqctl list_queues` asks every queue
 # process for its name, and leaves out those too busy to answer (many just made at once).
 _QUEUE_NAMES = '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], ok.'
+# The queues and the exchanges in one call: each rabbitmqctl call starts an Erlang VM (~0.6 s).
+_NAMES = (
+    '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], '
+    '[io:format("exchange:~s~n", [N]) || {resource, <<"/">>, exchange, N} <- rabbit_exchange:list_names()], ok.'
+)
 
 
 def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -120,10 +125,17 @@ def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
     """Delete every queue and exchange whose name starts with ``prefix``; return how many."""
     from kombu import Connection
 
-    exchanges = _rabbitmqctl("list_exchanges", "--no-table-headers", "name")
+    listing = _rabbitmqctl("eval", _NAMES)
+    if listing.returncode == 0:
+        lines = listing.stdout.splitlines()
+        queues = [line[6:] for line in lines if line.startswith("queue:")]
+        exchanges = [line[9:] for line in lines if line.startswith("exchange:")]
+    else:
+        queues = queue_names()
+        exchanges = _rabbitmqctl("list_exchanges", "--no-table-headers", "name").stdout.split()
     names = {
-        "queues": queue_names(prefix),
-        "exchanges": sorted({n for n in exchanges.stdout.split() if n.startswith(prefix)}),
+        "queues": sorted({n for n in queues if n.startswith(prefix)}),
+        "exchanges": sorted({n for n in exchanges if n.startswith(prefix)}),
     }
     with Connection(broker) as conn:
         channel = conn.default_channel
