@@ -681,6 +681,37 @@ def test_a_pause_in_the_deliveries_does_not_cut_a_history_short(broker_url: str,
     assert [e["run"] for e in events] == [f"r{n:04d}" for n in range(count)]
 
 
+@pytest.mark.timeout(90)
+def test_a_history_being_written_all_along_is_read_to_a_fixed_end(broker_url: str, prefix: str) -> None:
+    """Read while a writer keeps adding events: every read ends, in order, and without the
+    deliveries that RabbitMQ 3.10 can send before a stream consumer's consume-ok (py-amqp
+    rejected those, and a reject on a stream closes the connection)."""
+    writer = rabbit(broker_url, prefix)
+    stop = threading.Event()
+    written = [0]
+
+    def write() -> None:
+        while not stop.is_set():
+            n = written[0]
+            writer.record_many([("job", _sent(f"r{n + i:07d}", n + i), 200) for i in range(100)])
+            written[0] += 100
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    reader = rabbit(broker_url, prefix)
+    try:
+        for _ in range(8):
+            runs = [e["run"] for e in reader.read_history(["job"])["job"]]
+            assert runs == sorted(runs) and len(set(runs)) == len(runs)
+        assert runs, "the reads found nothing written"
+    finally:
+        stop.set()
+        thread.join()
+        writer.close()
+        reader.close()
+
+
 def test_history_streams_are_trimmed_by_size(broker_url: str, prefix: str) -> None:
     backend = rabbit(broker_url, prefix)
     history_size = 5

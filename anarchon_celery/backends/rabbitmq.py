@@ -204,13 +204,17 @@ class _Confirms:
 
 
 class _StreamRead:
-    """Reading history streams to their end: per job, the highest offset seen from the stream's
-    last chunk (its end, as far as known) and the highest read from its start."""
+    """Reading history streams to their end. Per job, a consumer from the stream's last chunk
+    tells where its end is: its first delivery is where that chunk starts. Once the reader from
+    the start gets there, the end is fixed at the highest offset the last-chunk consumer has
+    seen, so that a stream being written all along is read to a fixed point, not chased."""
 
     def __init__(self, channel: amqp.Channel) -> None:
         self.channel = channel
-        self.end: dict[str, int] = {}
-        self.reached: dict[str, int] = {}
+        self.last_chunk: dict[str, int] = {}  # where the last chunk starts
+        self.end: dict[str, int] = {}  # the highest offset seen from the last chunk on
+        self.fixed: set[str] = set()  # jobs whose end no longer moves
+        self.reached: dict[str, int] = {}  # the highest offset read from the start
         self.moved = time.monotonic()  # when a message last arrived
 
     def _offset(self, message: amqp.Message) -> int:
@@ -219,15 +223,24 @@ class _StreamRead:
         offset = (message.headers or {}).get("x-stream-offset")
         return offset if isinstance(offset, int) else -1
 
+    def _fix(self, job: str) -> None:
+        if job in self.last_chunk and self.reached.get(job, -1) >= self.last_chunk[job]:
+            self.fixed.add(job)
+
     def tail(self, job: str) -> Callable[[amqp.Message], None]:
         def on_message(message: amqp.Message) -> None:
-            self.end[job] = max(self.end.get(job, -1), self._offset(message))
+            offset = self._offset(message)
+            if job not in self.fixed:
+                self.last_chunk.setdefault(job, offset)
+                self.end[job] = max(self.end.get(job, -1), offset)
+                self._fix(job)
 
         return on_message
 
     def events(self, job: str, into: list[dict[str, Any]]) -> Callable[[amqp.Message], None]:
         def on_message(message: amqp.Message) -> None:
             self.reached[job] = max(self.reached.get(job, -1), self._offset(message))
+            self._fix(job)
             event = decode_event(message.body)
             if event is not None:
                 into.append(event)
@@ -239,10 +252,10 @@ class _StreamRead:
         at all counts as empty (and read)."""
         left = []
         for job in jobs:
-            if job in self.end:
-                if self.reached.get(job, -1) < self.end[job]:
+            if job in self.fixed:
+                if self.reached[job] < self.end[job]:
                     left.append(job)
-            elif job in self.reached or not empty:
+            elif job in self.end or job in self.reached or not empty:
                 left.append(job)  # its last chunk is still to come
         return left
 
@@ -961,16 +974,25 @@ class RabbitMQBackend(Backend):
             if not existing:
                 return events
             # basic.get and no-ack consumers are refused on streams (and close the connection):
-            # consume with a prefetch and manual acks.
+            # consume with a prefetch and manual acks. RabbitMQ 3.10 can deliver from a stream
+            # before its consume-ok, which py-amqp rejects for want of a callback (and a reject
+            # closes the connection: 540): so the consumers are named here and registered
+            # without waiting for the answer.
             channel = raw.channel()
             channel.basic_qos(0, 1000, False)
             read = _StreamRead(channel)
-            for job in existing:
+            tags = []
+            for n, job in enumerate(existing):
                 name = history_name(self.prefix, job)
-                channel.basic_consume(name, callback=read.tail(job), arguments={"x-stream-offset": "last"})
-                channel.basic_consume(
-                    name, callback=read.events(job, events[job]), arguments={"x-stream-offset": "first"}
-                )
+                for offset, callback in (("last", read.tail(job)), ("first", read.events(job, events[job]))):
+                    tags.append(f"anarchon.history.{n}.{offset}")
+                    channel.basic_consume(
+                        name,
+                        consumer_tag=tags[-1],
+                        nowait=True,
+                        callback=callback,
+                        arguments={"x-stream-offset": offset},
+                    )
             started = time.monotonic()
             while True:
                 now = time.monotonic()
@@ -984,6 +1006,10 @@ class RabbitMQBackend(Backend):
                     )
                 with contextlib.suppress(TimeoutError):
                     raw.drain_events(timeout=READ_SLICE)
+            # Cancelled first: the deliveries still under way are then taken (and acked) by their
+            # consumers, where a channel closing would log each one as ignored.
+            for tag in tags:
+                channel.basic_cancel(tag)
             channel.close()
         except (BrokerUnavailable, BrokerRefused):
             raise
