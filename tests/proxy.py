@@ -4,8 +4,24 @@ chosen points."""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
+
+# Ports are taken below Linux's ephemeral range (32768-60999 by default): a port from that range,
+# left free while a test has its "broker" away, can be taken meanwhile as the local end of a
+# client's connection (or of a client connecting to it, which then connects to itself), and
+# could not be listened on again.
+_PORTS = range(20_000, 32_000)
+
+
+def _listen(port: int) -> socket.socket:
+    if port:
+        return socket.create_server(("127.0.0.1", port))
+    for _ in range(100):
+        with contextlib.suppress(OSError):
+            return socket.create_server(("127.0.0.1", random.choice(_PORTS)))
+    raise OSError("no free port on 127.0.0.1 between 20000 and 32000")
 
 
 class Proxy:
@@ -17,7 +33,7 @@ class Proxy:
 
     def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672), port: int = 0) -> None:
         self.target = target
-        self._server = socket.create_server(("127.0.0.1", port))
+        self._server = _listen(port)
         self.port = self._server.getsockname()[1]
         self._open = threading.Event()
         self._open.set()  # cleared while stalled
@@ -98,7 +114,7 @@ class Proxy:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    """A TCP port on 127.0.0.1 that nothing listens on (now), and that no client connection
+    will take as its own while it stays free."""
+    with _listen(0) as sock:
         return int(sock.getsockname()[1])

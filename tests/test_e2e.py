@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from typing import Any
 
 import demo
 import pytest
+
+from .proxy import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -90,15 +91,9 @@ def test_the_demo_command(broker_url: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_the_demo_command_without_a_broker_says_so_in_one_line() -> None:
-    url = f"amqp://guest:s3cret@127.0.0.1:{_free_port()}//"
+    url = f"amqp://guest:s3cret@127.0.0.1:{free_port()}//"
     done = subprocess.run(
         [sys.executable, str(demo.HERE / "demo.py")],
         env=dict(os.environ, ANARCHON_DEMO_BROKER=url),
