@@ -286,8 +286,9 @@ def check(ctx: click.Context, as_json: bool) -> None:
     "rabbitmqctl",
     default="rabbitmqctl",
     show_default=True,
+    envvar="ANARCHON_RABBITMQCTL",
     metavar="COMMAND",
-    help="How to run rabbitmqctl to list the queues, when no JOB is given.",
+    help="How to run rabbitmqctl to list the queues, when no JOB is given (or ANARCHON_RABBITMQCTL).",
 )
 @json_option
 @click.pass_context

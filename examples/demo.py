@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -106,8 +107,10 @@ _NAMES = (
 
 
 def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """rabbitmqctl, or the command in ANARCHON_RABBITMQCTL (as for `celery anarchon prune`)."""
+    command = shlex.split(os.environ.get("ANARCHON_RABBITMQCTL", "rabbitmqctl"))
     return subprocess.run(
-        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+        [*command, "-q", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
     )
 
 

@@ -10,7 +10,8 @@ from celery import Celery
 
 PREFIX = os.environ.get("CLI_IMPORTS_APP_PREFIX", "cliimports.")
 
-app = Celery("cli_imports_app", broker="amqp://guest:guest@127.0.0.1:5672//", include=["tests.cli_included_tasks"])
+BROKER = os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+app = Celery("cli_imports_app", broker=BROKER, include=["tests.cli_included_tasks"])
 app.conf.update(
     imports=("tests.cli_imported_tasks",),
     task_default_queue=f"{PREFIX}tasks",

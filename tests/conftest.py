@@ -1,5 +1,6 @@
-"""Shared fixtures. Everything that touches the broker uses the real RabbitMQ on 127.0.0.1:5672;
-every broker object gets a unique prefix and is deleted afterwards."""
+"""Shared fixtures. Everything that touches the broker uses a real RabbitMQ (this machine's on
+127.0.0.1:5672, or the one ANARCHON_TEST_RABBITMQ names: see broker_control.py); every broker
+object gets a unique prefix and is deleted afterwards."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from kombu import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-from demo import delete_prefixed  # noqa: E402
-
-BROKER = os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+from tests.broker_control import BROKER  # noqa: E402
 
 
 def _broker_up() -> bool:
@@ -42,6 +41,8 @@ def broker_url() -> str:
 @pytest.fixture
 def prefix(broker_url: str) -> Iterator[str]:
     """A unique name prefix; every queue and exchange under it is deleted after the test."""
+    from demo import delete_prefixed
+
     value = f"t-{uuid.uuid4().hex[:10]}."
     yield value
     delete_prefixed(value, broker_url)

@@ -10,7 +10,11 @@ from celery import Celery
 
 PREFIX = os.environ.get("HISTORY_APP_PREFIX", "histapp.")
 
-app = Celery("history_app", broker=os.environ.get("HISTORY_APP_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+app = Celery(
+    "history_app",
+    broker=os.environ.get("HISTORY_APP_BROKER")
+    or os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
+)
 app.conf.update(
     imports=("anarchon_celery",),
     task_default_queue=f"{PREFIX}tasks",

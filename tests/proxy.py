@@ -8,6 +8,8 @@ import random
 import socket
 import threading
 
+from .broker_control import HOST, PORT
+
 # Ports are taken below Linux's ephemeral range (32768-60999 by default): a port from that range,
 # left free while a test has its "broker" away, can be taken meanwhile as the local end of a
 # client's connection (or of a client connecting to it, which then connects to itself), and
@@ -31,7 +33,7 @@ class Proxy:
     ``resume()`` lets it through again; ``cut()`` closes every open connection at once.
     """
 
-    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672), port: int = 0) -> None:
+    def __init__(self, target: tuple[str, int] = (HOST, PORT), port: int = 0) -> None:
         self.target = target
         self._server = _listen(port)
         self.port = self._server.getsockname()[1]

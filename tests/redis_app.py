@@ -20,7 +20,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     task_default_queue=f"{PREFIX}tasks",
     task_ignore_result=True,
-    anarchon_backend=os.environ.get("REDIS_APP_BACKEND", "amqp://guest:guest@127.0.0.1:5672//"),
+    anarchon_backend=os.environ.get("REDIS_APP_BACKEND")
+    or os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
     anarchon_prefix=PREFIX,
     anarchon_slot_ttl_ms=60_000,
     anarchon_max_late_ms=5_000,

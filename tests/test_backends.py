@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from anarchon_celery.backends import Backend, rabbitmq
 from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name, history_arguments, history_name
 from anarchon_celery.history import encode_event, fold
 
+from . import broker_control as control
 from .proxy import Proxy
 
 pytestmark = pytest.mark.broker
@@ -135,29 +135,10 @@ def test_processes_racing_for_the_same_gates_get_one_winner_each(broker_url: str
 
 
 def _queue_info(name: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            "rabbitmqctl",
-            "-q",
-            "list_queues",
-            "--formatter",
-            "json",
-            "name",
-            "durable",
-            "auto_delete",
-            "exclusive",
-            "arguments",
-            "type",
-            "messages",
-            "messages_persistent",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    ).stdout
-    return next(q for q in json.loads(out) if q["name"] == name)
+    fields = ("name", "durable", "auto_delete", "exclusive", "arguments", "type", "messages", "messages_persistent")
+    done = control.run_rabbitmqctl("-q", "list_queues", "--formatter", "json", *fields, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return next(q for q in json.loads(done.stdout) if q["name"] == name)
 
 
 def test_gate_as_seen_by_the_broker(broker_url: str, prefix: str) -> None:
@@ -437,7 +418,7 @@ def test_a_connection_passed_in_is_never_closed(broker_url: str, prefix: str) ->
 
 
 def test_the_password_is_never_shown(prefix: str) -> None:
-    backend = RabbitMQBackend("amqp://guest:s3cr3t-pw@127.0.0.1:5672//", prefix=prefix)
+    backend = RabbitMQBackend(control.url_with(password="s3cr3t-pw"), prefix=prefix)
     assert "s3cr3t-pw" not in backend.describe()
     assert "guest:**@127.0.0.1" in backend.describe()
 
@@ -596,7 +577,7 @@ def test_a_broker_silent_at_connect_time_is_not_waited_for_past_the_deadline(
 
 
 def make_claim(prefix: str, claim: Claim) -> Outcome:
-    backend = rabbit("amqp://guest:guest@127.0.0.1:5672//", prefix)
+    backend = rabbit(control.BROKER, prefix)
     try:
         return backend.claim([claim], "other")[0]
     finally:

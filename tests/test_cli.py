@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
+from kombu import Connection
 
 from anarchon_celery.history import encode_event
+
+from .broker_control import BROKER
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.history_app"
@@ -87,7 +90,9 @@ def test_check_passes_on_a_good_config(app_env: dict[str, str]) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["ok"] and [c["check"] for c in report["checks"]] == ["config", "broker", "claims", "streams"]
-    assert "RabbitMQ 3." in report["checks"][1]["detail"] and "guest:**@" in report["checks"][1]["detail"]
+    with Connection(BROKER) as conn:
+        version = conn.connection.server_properties["version"]
+    assert f"RabbitMQ {version}" in report["checks"][1]["detail"] and "guest:**@" in report["checks"][1]["detail"]
 
 
 def test_check_fails_with_one_clear_line_and_no_traceback(app_env: dict[str, str]) -> None:
@@ -209,7 +214,7 @@ def test_history_never_returns_more_than_history_size(app_env: dict[str, str], p
     import anarchon_celery
 
     history_app = importlib.import_module(APP)
-    backend = anarchon_celery.RabbitMQBackend("amqp://guest:guest@127.0.0.1:5672//", prefix=prefix)
+    backend = anarchon_celery.RabbitMQBackend(BROKER, prefix=prefix)
     for n in range(12):
         assert backend.record("fine", encode_event("sent", run=f"r{n:02d}", job="fine", at_ms=n), 5)
     backend.close()
@@ -339,7 +344,6 @@ def test_every_command_closes_the_connections_it_opens(
 
 def _queue_exists(broker_url: str, name: str) -> bool:
     from amqp.exceptions import NotFound
-    from kombu import Connection
 
     with Connection(broker_url) as conn:
         try:
@@ -352,8 +356,6 @@ def _queue_exists(broker_url: str, name: str) -> bool:
 def test_prune_lists_then_deletes_the_streams_of_jobs_that_are_gone(
     app_env: dict[str, str], prefix: str, broker_url: str
 ) -> None:
-    from kombu import Connection
-
     from anarchon_celery import RabbitMQBackend
     from anarchon_celery.backends.rabbitmq import history_arguments
 
@@ -431,7 +433,8 @@ def test_prune_named_jobs(app_env: dict[str, str], prefix: str, broker_url: str)
 
 
 def test_prune_without_rabbitmqctl_says_what_to_do(app_env: dict[str, str]) -> None:
-    done = celery(dict(app_env, PATH="/nonexistent"), "anarchon", "prune")
+    env = {key: value for key, value in app_env.items() if key != "ANARCHON_RABBITMQCTL"}
+    done = celery(dict(env, PATH="/nonexistent"), "anarchon", "prune")
     assert done.returncode == 1
     error = done.stderr.strip()
     assert error.startswith("Error: cannot list the broker's queues: rabbitmqctl") and len(error.splitlines()) == 1

@@ -16,7 +16,7 @@ import pytest
 from demo import start_celery
 from kombu import Connection, Exchange, Queue
 
-from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl
+from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl, url_with
 from .proxy import Proxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,8 +214,8 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
 @pytest.mark.parametrize(
     "setting, expected",
     [
-        ({"HISTORY_APP_BACKEND": "amqp://guest:s3cret-wrong@127.0.0.1:5672//"}, "refused the login of user 'guest'"),
-        ({"HISTORY_APP_BACKEND": "amqp://guest:guest@127.0.0.1:5672/no-such-vhost"}, "has no vhost 'no-such-vhost'"),
+        ({"HISTORY_APP_BACKEND": url_with(password="s3cret-wrong")}, "refused the login of user 'guest'"),
+        ({"HISTORY_APP_BACKEND": url_with(vhost="no-such-vhost")}, "has no vhost 'no-such-vhost'"),
         ({"HISTORY_APP_BAD": "1"}, "job 'bad': invalid cron spec '61 * * * *'"),
     ],
     ids=["password", "vhost", "config"],
@@ -258,7 +258,7 @@ def test_missing_permissions_stop_beat_in_one_line_naming_them(
     beat_env: dict[str, str], tmp_path: Path, limited_user: str, prefix: str
 ) -> None:
     log = tmp_path / "beat.log"
-    beat = start_beat(dict(beat_env, HISTORY_APP_BACKEND=f"amqp://{limited_user}:s3cret@127.0.0.1:5672//"), log)
+    beat = start_beat(dict(beat_env, HISTORY_APP_BACKEND=url_with(user=limited_user, password="s3cret")), log)
     try:
         status = beat.wait(60)
     finally:

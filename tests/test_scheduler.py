@@ -327,10 +327,10 @@ def test_a_refused_send_is_logged_with_job_and_slot(
 
 
 def test_banner_names_backend_prefix_and_jobs_without_the_password(app: Celery, prefix: str) -> None:
-    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:5672//"
+    app.conf.broker_url = "amqp://guest:guest@rabbit.internal:5672//"
     app.conf.beat_schedule = {"a": {"task": "tasks.work", "schedule": 5.0}, "b": {"task": "tasks.work", "schedule": 7}}
     info = Scheduler(app, lazy=True).info
-    assert "rabbitmq amqp://guest:**@127.0.0.1:5672//" in info
+    assert "rabbitmq amqp://guest:**@rabbit.internal:5672//" in info
     assert f"prefix '{prefix}'" in info and "anarchon jobs -> 2" in info
     assert ":guest@" not in info
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from celery import Celery
 
-BROKER = os.environ.get("WORKER_APP_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+BROKER = os.environ.get("WORKER_APP_BROKER") or os.environ.get(
+    "ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//"
+)
 NEVER = "0 3 1 1 *"  # the runs are sent by the tests, not by a beat
 
 
