@@ -99,9 +99,17 @@ def prepare_chroot(root: Path) -> None:
 
 
 def release_chroot(root: Path) -> None:
+    """Unmount the chroot's /proc once no process runs in the chroot."""
     proc = root / "proc"
-    if os.path.ismount(proc):
-        subprocess.run(["umount", "-l", str(proc)], check=False, capture_output=True)
+    if not os.path.ismount(proc):
+        return
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/root") == str(root):
+                return  # a node (or its epmd) still runs there
+        except OSError:
+            continue
+    subprocess.run(["umount", "-l", str(proc)], check=False, capture_output=True)
 
 
 def run(args: list[str], *, quiet: bool = False, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -257,5 +265,7 @@ def stop_epmd(version: Version) -> None:
             command, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30
         )
         if "not allowed" not in done.stdout + done.stderr:
-            return
+            break
         time.sleep(0.5)
+    if version.root is not None:
+        release_chroot(version.root)
