@@ -458,7 +458,10 @@ def test_the_connected_broker_passes_the_version_check(broker_url: str, prefix: 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"url": "redis://localhost"}, "needs an AMQP URL"),
+        ({"url": "redis://localhost"}, "needs AMQP URLs .*, not redis://localhost"),
+        ({"url": "amqp://a;redis://:pw@b//"}, "not redis://:\\*\\*@b//"),
+        ({"url": ["amqp://a", 5672]}, "not 5672"),
+        ({"url": []}, "needs at least one AMQP URL"),
         ({"prefix": "a b"}, "invalid prefix"),
         ({"prefix": "amq.cron."}, "reserves names starting with 'amq.'"),
         ({"url": "redis://user:s3cr3t@localhost"}, "not redis://user:\\*\\*@localhost"),

@@ -54,4 +54,10 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, memory:// "
             "(one process, for tests) or a Backend instance"
         )
-    raise ConfigError(f"anarchon_backend must be a URL or a Backend instance, not {type(chosen).__name__}")
+    if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
+        return RabbitMQBackend(
+            chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
+        )
+    raise ConfigError(
+        f"anarchon_backend must be a URL, a list of a cluster's URLs or a Backend instance, not {type(chosen).__name__}"
+    )

@@ -72,14 +72,16 @@ def _own_connection_options(confirm_timeout: float) -> dict[str, Any]:
 
 
 def app_connection_options(app: Any) -> dict[str, Any]:
-    """The heartbeat and connect timeout of the app's ``broker_heartbeat`` and
-    ``broker_connection_timeout`` settings, for connections of ours to its brokers."""
+    """The heartbeat, connect timeout and failover strategy of the app's ``broker_heartbeat``,
+    ``broker_connection_timeout`` and ``broker_failover_strategy`` settings, for connections of
+    ours to its brokers."""
     conf = app.conf
     heartbeat = conf.get("broker_heartbeat")
     timeout = conf.get("broker_connection_timeout")
     return {
         "heartbeat": float(heartbeat) if heartbeat is not None else 0.0,
         "connect_timeout": float(timeout) if timeout else DEFAULT_CONNECT_TIMEOUT,
+        "failover_strategy": conf.get("broker_failover_strategy") or "round-robin",
     }
 
 
@@ -120,6 +122,25 @@ def history_arguments(history_size: int) -> dict[str, Any]:
         "x-max-length-bytes": history_size * RUN_BYTES + segment,
         "x-stream-max-segment-size-bytes": segment,
     }
+
+
+def node_urls(url: str | Sequence[str]) -> list[str]:
+    """The AMQP URLs of ``url``: one, several joined by ``;``, or a list; ConfigError, with the
+    offending URL (password hidden), unless each is amqp:// or amqps://."""
+    given: list[Any] = (
+        url.split(";") if isinstance(url, str) else list(url) if isinstance(url, (list, tuple)) else [url]
+    )
+    urls = []
+    for one in given:
+        if one == "":
+            continue  # "a;b;" is "a;b"
+        if not isinstance(one, str) or one.strip().split("://", 1)[0] not in AMQP_SCHEMES:
+            shown = maybe_sanitize_url(one) if isinstance(one, str) else repr(one)
+            raise ConfigError(f"RabbitMQBackend needs AMQP URLs (amqp://, amqps://), not {shown}")
+        urls.append(one.strip())
+    if not urls:
+        raise ConfigError("RabbitMQBackend needs at least one AMQP URL")
+    return urls
 
 
 def _current_value(text: str) -> str | None:
@@ -368,7 +389,9 @@ class RabbitMQBackend(Backend):
     """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
 
     Arguments:
-        url: AMQP URL of the broker (``amqp://user:password@host:5672/vhost``).
+        url: AMQP URL of the broker (``amqp://user:password@host:5672/vhost``), or the URLs of
+            the nodes of a cluster, as a list or joined by ``;`` as in Celery's ``broker_url``:
+            the connections move to the next node by themselves when theirs goes.
         connection: your own :class:`kombu.Connection`. You keep ownership: it is never closed
             here (a broken one is revived, as kombu does). Give it a ``read_timeout`` transport
             option, or a broker that stops answering can hold a claim up.
@@ -381,12 +404,15 @@ class RabbitMQBackend(Backend):
             the app's settings, it is ``broker_heartbeat``.
         connect_timeout: seconds one connection attempt may take. From the app's settings, it is
             ``broker_connection_timeout``.
+        failover_strategy: the order in which the nodes of ``url`` are tried, as kombu's
+            (``round-robin``, ``shuffle``, or an iterator factory). From the app's settings, it is
+            ``broker_failover_strategy``.
         ssl: as kombu's ``Connection(ssl=...)``.
     """
 
     def __init__(
         self,
-        url: str = "amqp://localhost",
+        url: str | Sequence[str] = "amqp://localhost",
         connection: Connection | None = None,
         prefix: str = "cron.",
         slot_ttl_ms: int = 300_000,
@@ -394,6 +420,7 @@ class RabbitMQBackend(Backend):
         confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
         heartbeat: float = DEFAULT_HEARTBEAT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        failover_strategy: Any = "round-robin",
         ssl: Any = None,
     ) -> None:
         self.prefix = check_prefix(prefix)
@@ -409,14 +436,12 @@ class RabbitMQBackend(Backend):
         self.claim_retries = 2
         self._owned = connection is None
         if connection is None:
-            if not isinstance(url, str) or url.split("://", 1)[0] not in AMQP_SCHEMES:
-                shown = maybe_sanitize_url(url) if isinstance(url, str) else repr(url)
-                raise ConfigError(f"RabbitMQBackend needs an AMQP URL (amqp://, amqps://), not {shown}")
             connection = Connection(
-                url,
+                ";".join(node_urls(url)),
                 heartbeat=heartbeat,
                 ssl=ssl,
                 connect_timeout=connect_timeout,
+                failover_strategy=failover_strategy,
                 **_own_connection_options(self.confirm_timeout),
             )
         elif not isinstance(connection, Connection):
@@ -434,6 +459,7 @@ class RabbitMQBackend(Backend):
         self._preparer: _Preparer | None = None
         self._prepare_after = 0.0  # monotonic: no new connection for prepare() before then
         self._opened = False
+        self._node: str | None = None  # the node connected to last (as_uri)
         self._outage_since: float | None = None
         # Job definitions shared with the other instances (share_definitions), on a channel of
         # the claims' connection: their announcements are read whenever it is.
@@ -478,6 +504,19 @@ class RabbitMQBackend(Backend):
         properties = self.connection.connection.server_properties or {}
         self.server_version = check_server(properties, self.connection.as_uri())
         self._opened = True
+        self._note_node()
+
+    def _note_node(self) -> None:
+        """Log the node the connection is on when it connects, and when it moves to another
+        (with several nodes, kombu moves to the next when one fails)."""
+        node = self.connection.as_uri()
+        if node == self._node:
+            return
+        if self._node is None:
+            logger.info("anarchon: claims on RabbitMQ at %s", node)
+        else:
+            logger.warning("anarchon: claims moved from RabbitMQ at %s to %s", self._node, node)
+        self._node = node
 
     def close(self) -> None:
         self._opened = False
@@ -1194,6 +1233,7 @@ class RabbitMQBackend(Backend):
     def _connect(self, timeout: float | None) -> amqp.Connection:
         """The live connection, (re)connecting for at most about ``timeout`` seconds (plus one
         ``connect_timeout``); a broker that was not there at :meth:`open` is checked now."""
+        reconnecting = not self.connection.connected
         try:
             self.connection.ensure_connection(
                 # An outage is logged once, not per attempt (before open(), its error says it all).
@@ -1210,6 +1250,8 @@ class RabbitMQBackend(Backend):
             raise
         if not self._opened:
             self._check_server()
+        elif reconnecting:
+            self._note_node()
         self._recovered()
         return self.connection.connection
 
