@@ -15,8 +15,15 @@ import pytest
 from kombu import Connection
 
 from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
-from anarchon_celery.backends import Backend, rabbitmq
-from anarchon_celery.backends.rabbitmq import check_server, gate_arguments, gate_name, history_arguments, history_name
+from anarchon_celery.backends import Backend
+from anarchon_celery.backends.rabbitmq import (
+    ahead,
+    check_server,
+    gate_arguments,
+    gate_name,
+    history_arguments,
+    history_name,
+)
 from anarchon_celery.history import encode_event, fold
 
 from . import broker_control as control
@@ -346,7 +353,7 @@ def test_prepare_recovers_from_a_lost_connection(
     proxy: Proxy, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level("INFO", logger="anarchon_celery")
-    monkeypatch.setattr(rabbitmq, "PREPARE_BACKOFF", 1.0)
+    monkeypatch.setattr(ahead, "PREPARE_BACKOFF", 1.0)
     backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
     backend.open()
     backend.prepare([Claim("j", 1)])

@@ -252,6 +252,27 @@ def test_settings_that_contradict_a_backend_instance_are_refused() -> None:
     assert backend_for(app, Settings.from_app(app)) is app.conf.anarchon_backend
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["amqp://u:p@rabbit1:5672//", "amqp://u:p@rabbit2:5672//", "amqp://u:p@rabbit3:5672//"],
+        "amqp://u:p@rabbit1:5672//;amqp://u:p@rabbit2:5672//;amqp://u:p@rabbit3:5672//",
+    ],
+    ids=["list", "joined"],
+)
+def test_a_clusters_nodes_are_all_given_to_the_claims_connection(given: Any) -> None:
+    from anarchon_celery.backends import backend_for
+
+    app = make_app(broker_failover_strategy="shuffle")
+    app.conf.anarchon_backend = given
+    backend = backend_for(app, Settings.from_app(app))
+    assert isinstance(backend, anarchon_celery.RabbitMQBackend)
+    connection = backend.connection  # not connected: nothing is reached here
+    assert [url.split("@")[1] for url in connection.alt] == ["rabbit1:5672//", "rabbit2:5672//", "rabbit3:5672//"]
+    assert connection.failover_strategy is not None and connection._failover_strategy == "shuffle"
+    assert "u:p@" not in backend.describe()
+
+
 def test_memory_backend_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="invalid prefix"):
         MemoryBackend(prefix="bad prefix")

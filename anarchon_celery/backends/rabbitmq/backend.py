@@ -1,0 +1,282 @@
+"""RabbitMQBackend: the Backend contract on RabbitMQ, composed of the package's parts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import amqp
+from kombu import Connection
+
+from ...connections import keep_alive, negotiated_heartbeat
+from ...errors import BrokerRefused, BrokerUnavailable, ConfigError
+from ..base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .ahead import DeclaresAhead
+from .claims import Claimer
+from .gates import declare_gates
+from .link import (
+    AMQP_SCHEMES,
+    DEFAULT_CONFIRM_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HEARTBEAT,
+    Link,
+    app_connection_options,
+    node_urls,
+    own_connection_options,
+    text,
+)
+from .names import gate_arguments, gate_name
+from .sharing import Sharing
+from .streams import Streams
+
+logger = logging.getLogger(__name__)
+
+
+class RabbitMQBackend(Backend):
+    """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
+
+    Arguments:
+        url: AMQP URL of the broker (``amqp://user:password@host:5672/vhost``), or the URLs of
+            the nodes of a cluster, as a list or joined by ``;`` as in Celery's ``broker_url``:
+            the connections move to the next node by themselves when theirs goes.
+        connection: your own :class:`kombu.Connection`. You keep ownership: it is never closed
+            here (a broken one is revived, as kombu does). Give it a ``read_timeout`` transport
+            option, or a broker that stops answering can hold a claim up.
+        prefix: prefix of every queue name.
+        slot_ttl_ms: how long RabbitMQ remembers that a run was taken (each gate's
+            ``x-expires``). A job's ``jitter_ms + max_late_ms`` must be shorter.
+        confirm_timeout: seconds to wait for any answer of the broker (a declare, a claim's
+            confirm) before treating the claim as not won.
+        heartbeat: AMQP heartbeat of the backend's own connection, in seconds (0: none). From
+            the app's settings, it is ``broker_heartbeat``.
+        connect_timeout: seconds one connection attempt may take. From the app's settings, it is
+            ``broker_connection_timeout``.
+        failover_strategy: the order in which the nodes of ``url`` are tried, as kombu's
+            (``round-robin``, ``shuffle``, or an iterator factory). From the app's settings, it is
+            ``broker_failover_strategy``.
+        ssl: as kombu's ``Connection(ssl=...)``.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] = "amqp://localhost",
+        connection: Connection | None = None,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        *,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        failover_strategy: Any = "round-robin",
+        ssl: Any = None,
+    ) -> None:
+        self.prefix = check_prefix(prefix)
+        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        if (
+            isinstance(confirm_timeout, bool)
+            or not isinstance(confirm_timeout, (int, float))
+            or not 0 < confirm_timeout <= 300
+        ):
+            raise ConfigError(f"confirm_timeout must be seconds in (0, 300], not {confirm_timeout!r}")
+        self.confirm_timeout = float(confirm_timeout)
+        owned = connection is None
+        if connection is None:
+            connection = Connection(
+                ";".join(node_urls(url)),
+                heartbeat=heartbeat,
+                ssl=ssl,
+                connect_timeout=connect_timeout,
+                failover_strategy=failover_strategy,
+                **own_connection_options(self.confirm_timeout),
+            )
+        elif not isinstance(connection, Connection):
+            raise ConfigError(f"connection must be a kombu Connection, not {type(connection).__name__}")
+        elif connection.transport_cls not in AMQP_SCHEMES:
+            raise ConfigError(f"RabbitMQBackend needs an AMQP connection, not {connection.transport_cls!r}")
+        self.link = Link(connection, owned=owned, confirm_timeout=self.confirm_timeout)
+        self._ahead = DeclaresAhead(self.link, self.slot_ttl_ms)
+        # The subclass hook _declare_gates (tests use it to lose gates) is the claims' declarer.
+        self._claimer = Claimer(self.link, self.prefix, self._ahead, self._declare_gates)
+        self._streams = Streams(self.link, self.prefix)
+        self._sharing = Sharing(self.link, self.prefix)
+
+    @classmethod
+    def from_app(cls, app: Any, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RabbitMQBackend:
+        """A backend on the app's broker, with a connection of its own built from every
+        ``broker_*`` setting (failover URLs, TLS, login method, transport options)."""
+        connection = app.connection_for_write(
+            **app_connection_options(app), **own_connection_options(DEFAULT_CONFIRM_TIMEOUT)
+        )
+        backend = cls(connection=connection, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+        backend.link.owned = True
+        return backend
+
+    @property
+    def connection(self) -> Connection:
+        """The kombu connection of the claims and the history."""
+        return self.link.connection
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        """The version of the RabbitMQ connected to (empty before it is reached)."""
+        return self.link.server_version
+
+    @property
+    def claim_retries(self) -> int:
+        """How many times a claim left without an answer is made again (see :meth:`claim`)."""
+        return self._claimer.retries
+
+    @claim_retries.setter
+    def claim_retries(self, value: int) -> None:
+        self._claimer.retries = value
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.link.open()
+
+    def close(self) -> None:
+        if not self.link.owned:
+            self._sharing.close()
+        self.link.close()
+        self._ahead.close()
+
+    def abandon(self) -> None:
+        self.link.opened = False
+        self.link.discard(connection_lost=True)
+        self._ahead.close(broken=True)
+
+    def describe(self) -> str:
+        return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
+
+    def max_idle_s(self) -> float | None:
+        heartbeat = negotiated_heartbeat(self.connection)
+        return max(1.0, heartbeat / 3) if heartbeat else None
+
+    def maintain(self) -> None:
+        if not self.link.opened:
+            return
+        self.await_prepared()
+        try:
+            keep_alive(self.connection)  # reads the other instances' announcements too
+            self._sharing.keep()
+        except amqp.exceptions.ChannelError as exc:
+            logger.info("anarchon: a channel was closed by RabbitMQ while idle (%s)", exc)
+            self.link.forget_declarer()
+            self._streams.forget()
+        except self.link.errors() as exc:
+            logger.info("anarchon: the connection to RabbitMQ dropped while idle (%s); it will be replaced", exc)
+            self.link.discard(connection_lost=True)
+
+    def in_outage(self) -> bool:
+        return self.link.in_outage()
+
+    def missed(self, count: int) -> None:
+        self.link.missed(count)
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        """See :meth:`Backend.share_definitions` and :mod:`.sharing`."""
+        self._sharing.start(instance, definitions)
+
+    # -- the claim ----------------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[Claim]) -> None:
+        """Declare the gates of runs due shortly, so that their claims are only a publish. A gate
+        counts its ``x-expires`` from this declaration: the scheduler's lead is part of the safety
+        rule. The declares go out on a connection of their own and are not waited for (see
+        :mod:`.ahead`): they never hold a claim up. Best effort: a gate not made here, or not
+        answered yet, is declared by its claim."""
+        if not claims or self.link.in_outage():
+            return  # while RabbitMQ is away, the claims alone try to reach it (bounded by deadlines)
+        self._ahead.prepare([gate_name(self.prefix, claim.job, claim.slot) for claim in claims])
+
+    def await_prepared(self, timeout: float = 0) -> None:
+        """Take in the broker's answers to the declares of :meth:`prepare`, waiting at most
+        ``timeout`` seconds for them all (0: only those already here)."""
+        self._ahead.collect(timeout)
+
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
+        """Claim runs; see :meth:`Backend.claim`.
+
+        Reconnecting is bounded by the claims' deadlines; a claim is never published after its
+        deadline, and its answer is awaited at most ``confirm_timeout`` seconds.
+
+        A claim left without an answer (connection lost, confirm timeout) is made again on a new
+        connection while its deadline allows. That can never make a second winner: the broker
+        acks at most one publish per gate. If our first publish did arrive, the gate is held and
+        the new one is nacked (the run is then lost, never doubled); if it did not, the gate is
+        still empty and the run is won a little late instead of lost.
+        """
+        return self._claimer.claim(claims, instance, on_won=on_won)
+
+    def _declare_gates(self, gates: list[str]) -> list[bool]:
+        """Declare the gates of the runs being claimed (see :func:`.gates.declare_gates`)."""
+        return declare_gates(self.link, gates, self.slot_ttl_ms)
+
+    def check_claims(self) -> None:
+        """Declare a gate, claim it and delete it, under the prefix: BrokerRefused, naming the
+        permissions to give, when the user may not (configure, write, read on the prefix's names)."""
+        name = f"{self.prefix}anarchon-check.{uuid.uuid4().hex[:12]}.slot.0"
+        arguments = dict(gate_arguments(self.slot_ttl_ms), **{"x-expires": 60_000})  # gone soon, whatever happens
+        try:
+            raw = self.link.connect(self.confirm_timeout)
+            channel = raw.channel()
+            try:
+                channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+                channel.basic_publish_confirm(
+                    amqp.Message(b"{}", delivery_mode=2),
+                    exchange="",
+                    routing_key=name,
+                    mandatory=True,
+                    confirm_timeout=self.confirm_timeout,
+                )
+                channel.queue_delete(name)
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+        except amqp.exceptions.AccessRefused as exc:
+            user, vhost, pattern = self.connection.userid, self.connection.virtual_host, f"^{re.escape(self.prefix)}"
+            raise BrokerRefused(
+                f"RabbitMQ at {self.connection.as_uri()} refuses user {user!r} the gate queues named "
+                f"{self.prefix}* ({text(exc.reply_text)}): claims need configure, write and read permissions "
+                f"on them and write on amq.default, e.g. rabbitmqctl set_permissions -p {vhost} {user} "
+                f"'{pattern}' '{pattern}|^amq\\.default$' '{pattern}'"
+            ) from exc
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            raise BrokerUnavailable(f"cannot check the claims on {self.connection.as_uri()}: {exc}") from exc
+
+    # -- history ------------------------------------------------------------------------------
+
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        return self._streams.record(job, event, history_size)
+
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        """See :meth:`Backend.record_many` and :meth:`.streams.Streams.record_many`."""
+        if len(events) < 2:
+            return super().record_many(events)
+        return self._streams.record_many(events)
+
+    def ensure_history(self, job: str, history_size: int) -> bool:
+        return self._streams.ensure(job, history_size)
+
+    def read_history(self, jobs: Sequence[str], empty_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
+        """See :meth:`Backend.read_history`.
+
+        Streams have no end marker in AMQP 0.9.1, and a pause in a busy broker's deliveries must
+        not pass for the end: so each stream is also consumed from its last chunk (offset
+        ``last``), whose offsets tell where its end is, and read from its first retained event up
+        to there. A stream from which nothing at all arrives within ``empty_s`` seconds is empty.
+        A read that stops moving for ``confirm_timeout`` raises BrokerError rather than return a
+        history cut short.
+        """
+        return self._streams.read(jobs, empty_s)
+
+    def check_history(self) -> None:
+        self._streams.check()

@@ -1,0 +1,284 @@
+"""The claim: one persistent message published into each run's gate on a confirm channel. The
+broker acks the publish that filled the gate and nacks every later one, so exactly one instance
+gets the ack. Anything else (a connection lost before the answer, a confirm that never comes, a
+claim returned as unroutable) is *not* a win: the run is skipped rather than risk running it twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import amqp
+
+from ... import clock
+from ..base import Claim, Outcome
+from .ahead import DeclaresAhead
+from .link import Link
+from .names import gate_name
+
+logger = logging.getLogger(__name__)
+
+
+class Confirms:
+    """A confirm-mode channel and the answers to the claims published on it.
+
+    Answers are matched by delivery tag; a ``basic.return`` (which RabbitMQ sends before the ack
+    of the same message) is matched by routing key, the gate's name, which is unique per claim.
+    """
+
+    def __init__(self, connection: amqp.Connection) -> None:
+        self.channel = connection.channel()
+        self.channel.confirm_select()
+        self.next_tag = 1
+        self.pending: dict[int, str] = {}
+        self.answers: dict[str, Outcome] = {}
+        self.returned: set[str] = set()
+        self.won: list[str] = []  # gates answered WON since the caller last took them
+        self.dead = False
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.channel.events["basic_return"].add(self._on_return)
+
+    def publish(self, gate: str, body: bytes) -> None:
+        message = amqp.Message(body, delivery_mode=2, content_type="application/json")
+        tag = self.next_tag
+        self.next_tag += 1  # the broker numbers every publish on the channel, even a failed one
+        self.pending[tag] = gate
+        # The plain publish, even on a connection made with confirm_publish=True (whose
+        # basic_publish would wait for each answer in turn and raise on a nack).
+        amqp.Channel._basic_publish(self.channel, message, exchange="", routing_key=gate, mandatory=True)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        if not self.dead:
+            self.returned.add(routing_key)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, Outcome.WON)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, Outcome.LOST)
+
+    def _settle(self, tag: int, multiple: bool, outcome: Outcome) -> None:
+        if self.dead:  # a late answer on an abandoned channel means nothing any more
+            return
+        tags = [t for t in self.pending if t <= tag] if multiple else [tag]
+        for t in tags:
+            gate = self.pending.pop(t, None)
+            if gate is None:
+                continue
+            if gate in self.returned:
+                # Unroutable: the gate vanished between declare and publish. The broker acks a
+                # returned message, but nothing holds the gate: not a win.
+                self.returned.discard(gate)
+                self.answers[gate] = Outcome.UNDECIDED
+            else:
+                self.answers[gate] = outcome
+                if outcome is Outcome.WON:
+                    self.won.append(gate)
+
+
+class Claimer:
+    """Claims runs through ``link``, declaring their gates with ``declare_gates`` unless
+    ``ahead`` has them declared already."""
+
+    def __init__(
+        self, link: Link, prefix: str, ahead: DeclaresAhead, declare_gates: Callable[[list[str]], list[bool]]
+    ) -> None:
+        self.link = link
+        self.prefix = prefix
+        self.ahead = ahead
+        self.declare_gates = declare_gates
+        #: How many times a claim left without an answer is made again (see :meth:`claim`).
+        self.retries = 2
+        self._confirms: Confirms | None = None
+        link.on_discard(self._forget)
+
+    def _forget(self) -> None:
+        if self._confirms is not None:
+            self._confirms.dead = True
+        self._confirms = None
+
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
+        """See :meth:`RabbitMQBackend.claim`."""
+        self.ahead.collect()  # the gates declared ahead meanwhile are not declared again
+        outcomes: dict[str, Outcome] = {}
+        pending = [(claim, gate_name(self.prefix, claim.job, claim.slot)) for claim in claims]
+        for attempt in range(1 + self.retries):
+            unanswered = self._claim_once(pending, instance, outcomes, last=attempt == self.retries, on_won=on_won)
+            pending = [(c, g) for c, g in pending if g in unanswered]
+            if not pending:
+                break
+        return [outcomes[gate_name(self.prefix, c.job, c.slot)] for c in claims]
+
+    def _claim_once(
+        self,
+        claims: list[tuple[Claim, str]],
+        instance: str,
+        outcomes: dict[str, Outcome],
+        *,
+        last: bool,
+        on_won: Callable[[Claim], None] | None = None,
+    ) -> set[str]:
+        """One round of :meth:`claim`; returns the gates whose claim may be made again."""
+        claims = _within_deadline(claims, outcomes, "before connecting")
+        if not claims:
+            return set()
+        just_claims = [claim for claim, _ in claims]
+        ready = self.ahead.ready
+        # Nothing is published before the gates are declared, so this part is safe to repeat: a
+        # connection found dead (the broker restarted, or dropped it while we slept) is replaced
+        # at once, and only then is the outage reported.
+        for attempt in (1, 2):
+            left = _seconds_until(just_claims)
+            try:
+                raw = self.link.connect(left)
+                # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
+                undeclared = [gate for _, gate in claims if gate not in ready]
+                declared = dict(zip(undeclared, self.declare_gates(undeclared)))
+                usable = [declared.get(gate, True) for _, gate in claims]
+                for _, gate in claims:
+                    ready.pop(gate, None)
+                break
+            except self.link.errors() as exc:
+                self.link.discard(connection_lost=True)
+                left = _seconds_until(just_claims)
+                if attempt == 2 or (left is not None and left <= 0):
+                    self.link.outage(exc)
+                    self.link.missed(len(claims))  # reported once, when the outage ends
+                    for claim, gate in claims:
+                        logger.debug(
+                            "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
+                            claim.job,
+                            claim.slot,
+                        )
+                        outcomes[gate] = Outcome.UNDECIDED
+                    return set()
+                logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
+
+        gated = []
+        for (claim, gate), ok in zip(claims, usable):
+            if ok:
+                gated.append((claim, gate))
+            else:
+                outcomes[gate] = Outcome.BAD_GATE
+        to_publish = _within_deadline(gated, outcomes, "when the claim was ready")
+        if not to_publish:
+            return set()
+        return self._publish(raw, to_publish, instance, outcomes, last=last, on_won=on_won)
+
+    def _publish(
+        self,
+        raw: amqp.Connection,
+        claims: list[tuple[Claim, str]],
+        instance: str,
+        outcomes: dict[str, Outcome],
+        *,
+        last: bool,
+        on_won: Callable[[Claim], None] | None = None,
+    ) -> set[str]:
+        """Publish the claims and wait for their answers; returns the gates left unanswered.
+        ``on_won`` hears of each win as its answer is read (outside py-amqp's event dispatch)."""
+        confirms = self._confirms
+        failure: BaseException | None = None
+        by_gate = {gate: claim for claim, gate in claims}
+        timeout = self.link.confirm_timeout
+
+        def report_wins() -> float:
+            """Tell ``on_won`` of the wins read; returns the seconds that took."""
+            if confirms is None or not confirms.won:
+                return 0.0
+            started = time.monotonic()
+            gates, confirms.won = confirms.won, []
+            for gate in gates:
+                claim = by_gate.get(gate)
+                if claim is None or on_won is None:
+                    continue
+                try:
+                    on_won(claim)
+                except Exception:  # not the broker's doing: the claim is won all the same
+                    logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
+            return time.monotonic() - started
+
+        try:
+            if confirms is None:
+                confirms = self._confirms = Confirms(raw)
+            now_ms = clock.now_ms()
+            for claim, gate in claims:
+                body = json.dumps(
+                    {"job": claim.job, "slot": claim.slot, "instance": instance, "claimed_at_ms": now_ms}
+                ).encode()
+                confirms.publish(gate, body)
+            deadline = time.monotonic() + timeout
+            while confirms.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no confirm within {timeout}s")
+                raw.drain_events(timeout=remaining)
+                # The time on_won takes (writing tasks) is ours, not the broker's: it does not
+                # count against confirm_timeout, or answers already here would be taken for lost.
+                deadline += report_wins()
+        except self.link.errors() as exc:
+            # Never reuse this channel (a late ack on it could pass for a later win), nor, when
+            # it is ours, this connection.
+            self.link.discard(connection_lost=not isinstance(exc, TimeoutError))
+            failure = exc
+        report_wins()  # answers read before a failure are still wins
+        answers = confirms.answers if confirms is not None else {}
+        unanswered = set()
+        for claim, gate in claims:
+            outcome = answers.pop(gate, None)
+            if outcome is None:  # no answer: try again (see claim()) or give up
+                outcomes[gate] = Outcome.UNDECIDED
+                unanswered.add(gate)
+                logger.warning(
+                    "anarchon: job %r slot %d: no answer to the claim (%s: %s); %s",
+                    claim.job,
+                    claim.slot,
+                    type(failure).__name__,
+                    failure,
+                    "not run by this instance" if last else "claiming it again on a new connection",
+                )
+            else:
+                outcomes[gate] = outcome
+                if outcome is Outcome.UNDECIDED:
+                    logger.warning(
+                        "anarchon: job %r slot %d: the claim was returned as unroutable (its gate vanished); "
+                        "not run by this instance",
+                        claim.job,
+                        claim.slot,
+                    )
+        return set() if last else unanswered
+
+
+def _within_deadline(
+    claims: list[tuple[Claim, str]], outcomes: dict[str, Outcome], when: str
+) -> list[tuple[Claim, str]]:
+    """The claims still before their deadline; the others are given up (UNDECIDED), since a claim
+    published after it could land once the winner's gate has expired."""
+    now = clock.now_ms()
+    kept = []
+    for claim, gate in claims:
+        if claim.deadline_ms is not None and now > claim.deadline_ms:
+            logger.warning(
+                "anarchon: job %r slot %d: past its deadline by %d ms %s; not run by this instance",
+                claim.job,
+                claim.slot,
+                now - claim.deadline_ms,
+                when,
+            )
+            outcomes[gate] = Outcome.UNDECIDED
+        else:
+            kept.append((claim, gate))
+    return kept
+
+
+def _seconds_until(claims: Sequence[Claim]) -> float | None:
+    """Seconds left before the earliest deadline of the claims (None: no deadline)."""
+    deadlines = [c.deadline_ms for c in claims if c.deadline_ms is not None]
+    return (min(deadlines) - clock.now_ms()) / 1000 if deadlines else None

@@ -1,0 +1,299 @@
+"""History: one stream queue per job, written with confirmed publishes and read to its end."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import amqp
+
+from ...errors import BrokerError, BrokerRefused, BrokerUnavailable
+from ...history import decode_event
+from .declaring import declare_adopting
+from .link import READ_SLICE, Link
+from .names import history_arguments, history_name
+
+logger = logging.getLogger(__name__)
+
+
+class StreamRead:
+    """Reading history streams to their end. Per job, a consumer from the stream's last chunk
+    tells where its end is: its first delivery is where that chunk starts. Once the reader from
+    the start gets there, the end is fixed at the highest offset the last-chunk consumer has
+    seen, so that a stream being written all along is read to a fixed point, not chased."""
+
+    def __init__(self, channel: amqp.Channel) -> None:
+        self.channel = channel
+        self.last_chunk: dict[str, int] = {}  # where the last chunk starts
+        self.end: dict[str, int] = {}  # the highest offset seen from the last chunk on
+        self.fixed: set[str] = set()  # jobs whose end no longer moves
+        self.reached: dict[str, int] = {}  # the highest offset read from the start
+        self.moved = time.monotonic()  # when a message last arrived
+
+    def _offset(self, message: amqp.Message) -> int:
+        self.channel.basic_ack(message.delivery_tag)
+        self.moved = time.monotonic()
+        offset = (message.headers or {}).get("x-stream-offset")
+        return offset if isinstance(offset, int) else -1
+
+    def _fix(self, job: str) -> None:
+        if job in self.last_chunk and self.reached.get(job, -1) >= self.last_chunk[job]:
+            self.fixed.add(job)
+
+    def tail(self, job: str) -> Callable[[amqp.Message], None]:
+        def on_message(message: amqp.Message) -> None:
+            offset = self._offset(message)
+            if job not in self.fixed:
+                self.last_chunk.setdefault(job, offset)
+                self.end[job] = max(self.end.get(job, -1), offset)
+                self._fix(job)
+
+        return on_message
+
+    def events(self, job: str, into: list[dict[str, Any]]) -> Callable[[amqp.Message], None]:
+        def on_message(message: amqp.Message) -> None:
+            self.reached[job] = max(self.reached.get(job, -1), self._offset(message))
+            self._fix(job)
+            event = decode_event(message.body)
+            if event is not None:
+                into.append(event)
+
+        return on_message
+
+    def unfinished(self, jobs: Sequence[str], *, empty: bool) -> list[str]:
+        """The jobs not read to their end yet; with ``empty``, a stream that delivered nothing
+        at all counts as empty (and read)."""
+        left = []
+        for job in jobs:
+            if job in self.fixed:
+                if self.reached[job] < self.end[job]:
+                    left.append(job)
+            elif job in self.end or job in self.reached or not empty:
+                left.append(job)  # its last chunk is still to come
+        return left
+
+
+class Streams:
+    """The history streams of the jobs under ``prefix``, through ``link``."""
+
+    def __init__(self, link: Link, prefix: str) -> None:
+        self.link = link
+        self.prefix = prefix
+        self._recorder: amqp.Channel | None = None
+        self._declared: set[str] = set()  # streams declared on the current connection
+        link.on_discard(self.forget)
+
+    def forget(self) -> None:
+        """The channels are gone (or must not be used): declare and open again when needed."""
+        self._recorder = None
+        self._declared.clear()
+
+    def _ensure(self, name: str, history_size: int) -> None:
+        if name not in self._declared:
+            self._declare(name, history_size)
+            self._declared.add(name)
+
+    def record(self, job: str, event: bytes, history_size: int, *, attempts: int = 3) -> bool:
+        name = history_name(self.prefix, job)
+        message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+        for attempt in range(1, attempts + 1):
+            try:
+                self.link.connect(self.link.confirm_timeout)
+                self._ensure(name, history_size)
+                if self._recorder is None or not self._recorder.is_open:
+                    self._recorder = self.link.connection.connection.channel()
+                # Confirmed, so that a refused event is known (and a newly made stream that is not
+                # ready yet, 506 "stream not found", is retried) rather than silently lost.
+                self._recorder.basic_publish_confirm(
+                    message, exchange="", routing_key=name, confirm_timeout=self.link.confirm_timeout
+                )
+                return True
+            except BrokerError as exc:
+                logger.error("anarchon: job %r: history event not recorded: %s", job, exc)
+                return False
+            except (amqp.exceptions.ChannelError, amqp.exceptions.MessageNacked) as exc:
+                self.link.forget_declarer()
+                self._recorder = None
+                self._declared.discard(name)
+                if attempt == attempts:
+                    logger.warning("anarchon: job %r: history event not recorded (%r)", job, exc)
+                    return False
+                time.sleep(0.2 * attempt)
+            except self.link.errors() as exc:
+                # A history event is safe to write again (the fold ignores repeats); RabbitMQ 3.10
+                # answers two clients creating one stream at once with 541, closing a connection.
+                self.link.discard(connection_lost=True)
+                if attempt == attempts:
+                    logger.warning(
+                        "anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc
+                    )
+                    return False
+                time.sleep(0.2 * attempt)
+        return False
+
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        """See :meth:`Backend.record_many`: the events are written one after the other on a
+        confirm channel and their confirms read afterwards. Any left unconfirmed are written
+        again one by one (an event written twice is folded once)."""
+        unconfirmed = list(range(len(events)))
+        connection_failed = False
+        try:
+            self.link.connect(self.link.confirm_timeout)
+            for job, _, history_size in events:
+                self._ensure(history_name(self.prefix, job), history_size)
+            raw = self.link.connection.connection
+            channel = raw.channel()
+            channel.confirm_select()
+            pending = set(range(1, len(events) + 1))  # delivery tag n + 1: event n
+            nacked: set[int] = set()
+
+            def settle(tag: int, multiple: bool, acked: bool) -> None:
+                for t in [t for t in pending if t <= tag] if multiple else [tag]:
+                    pending.discard(t)
+                    if not acked:
+                        nacked.add(t)
+
+            channel.events["basic_ack"].add(lambda tag, multiple: settle(tag, multiple, True))
+            channel.events["basic_nack"].add(lambda tag, multiple: settle(tag, multiple, False))
+            for job, event, _ in events:
+                message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+                amqp.Channel._basic_publish(channel, message, exchange="", routing_key=history_name(self.prefix, job))
+            deadline = time.monotonic() + self.link.confirm_timeout
+            while pending and time.monotonic() < deadline:
+                raw.drain_events(timeout=max(0.01, deadline - time.monotonic()))
+            unconfirmed = sorted(t - 1 for t in pending | nacked)
+            if pending:
+                raise TimeoutError(f"no confirm within {self.link.confirm_timeout}s")
+            channel.close()
+        except BrokerError:
+            pass  # a queue that is no history stream: record() below says so, job by job
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            connection_failed = True
+            logger.info(
+                "anarchon: %d history event(s) written again one by one (%s: %s)",
+                len(unconfirmed),
+                type(exc).__name__,
+                exc,
+            )
+        recorded = len(events) - len(unconfirmed)
+        for done, n in enumerate(unconfirmed):
+            # After a failed connection, once each, on a new one: a cut connection is replaced at
+            # once, but a broker that does not answer would hold the next claims up at every try.
+            if self.record(*events[n], attempts=1 if connection_failed else 3):
+                recorded += 1
+            elif connection_failed:
+                # RabbitMQ is not answering: one event at a time, each with its retries, would hold
+                # up the next claims for as long as the outage lasts.
+                logger.warning(
+                    "anarchon: %d history event(s) not recorded, RabbitMQ is unavailable",
+                    len(unconfirmed) - done - 1,
+                )
+                break
+        return recorded
+
+    def ensure(self, job: str, history_size: int) -> bool:
+        name = history_name(self.prefix, job)
+        try:
+            self.link.connect(self.link.confirm_timeout)
+            self._declare(name, history_size)
+            self._declared.add(name)
+            return True
+        except BrokerError as exc:
+            logger.error("anarchon: job %r: %s", job, exc)
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            logger.warning("anarchon: job %r: history stream not declared (%s: %s)", job, type(exc).__name__, exc)
+        return False
+
+    def _declare(self, name: str, history_size: int) -> None:
+        """Declare a history stream; one that exists keeps the size it was created with."""
+        sizes = ("x-max-length-bytes", "x-stream-max-segment-size-bytes", "x-max-age")
+        refusal = declare_adopting(self.link, name, history_arguments(history_size), lambda arg, _: arg in sizes)
+        if refusal is not None:
+            raise BrokerError(
+                f"queue {name!r} exists but is not a history stream ({refusal}): delete it (which deletes "
+                "that job's history) or change anarchon_prefix"
+            )
+
+    def read(self, jobs: Sequence[str], empty_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
+        """See :meth:`RabbitMQBackend.read_history`."""
+        events: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
+        link = self.link
+        try:
+            raw = link.connect(link.confirm_timeout)
+            existing = [job for job in jobs if self._exists(history_name(self.prefix, job))]
+            if not existing:
+                return events
+            # basic.get and no-ack consumers are refused on streams (and close the connection):
+            # consume with a prefetch and manual acks. RabbitMQ 3.10 can deliver from a stream
+            # before its consume-ok, which py-amqp rejects for want of a callback (and a reject
+            # closes the connection: 540): so the consumers are named here and registered
+            # without waiting for the answer.
+            channel = raw.channel()
+            channel.basic_qos(0, 1000, False)
+            read = StreamRead(channel)
+            tags = []
+            for n, job in enumerate(existing):
+                name = history_name(self.prefix, job)
+                for offset, callback in (("last", read.tail(job)), ("first", read.events(job, events[job]))):
+                    tags.append(f"anarchon.history.{n}.{offset}")
+                    channel.basic_consume(
+                        name,
+                        consumer_tag=tags[-1],
+                        nowait=True,
+                        callback=callback,
+                        arguments={"x-stream-offset": offset},
+                    )
+            started = time.monotonic()
+            while True:
+                now = time.monotonic()
+                left = read.unfinished(existing, empty=now - started >= empty_s)
+                if not left:
+                    break
+                if now - read.moved > link.confirm_timeout:
+                    raise BrokerError(
+                        f"the history of {', '.join(map(repr, left))} could not be read to its end: RabbitMQ "
+                        f"delivered nothing more for {link.confirm_timeout:g}s. Try again"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    raw.drain_events(timeout=READ_SLICE)
+            # Cancelled first: the deliveries still under way are then taken (and acked) by their
+            # consumers, where a channel closing would log each one as ignored.
+            for tag in tags:
+                channel.basic_cancel(tag)
+            channel.close()
+        except (BrokerUnavailable, BrokerRefused):
+            raise
+        except link.errors() as exc:
+            link.discard(connection_lost=True)
+            raise BrokerError(f"cannot read history from {link.connection.as_uri()}: {exc}") from exc
+        return events
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.link.declare_channel().queue_declare(name, passive=True)
+            return True
+        except amqp.exceptions.NotFound:
+            self.link.forget_declarer()
+            return False
+
+    def check(self) -> None:
+        """BrokerError unless a history stream can be made (and it is deleted at once)."""
+        name = f"{self.prefix}anarchon-check.{uuid.uuid4().hex[:12]}"
+        try:
+            self.link.connect(self.link.confirm_timeout)
+            channel = self.link.declare_channel()
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=history_arguments(1))
+            channel.queue_delete(name)
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            raise BrokerError(
+                f"RabbitMQ at {self.link.connection.as_uri()} cannot keep history streams ({exc}): it needs "
+                "RabbitMQ 3.9+ with the stream_queue feature flag enabled "
+                "(rabbitmqctl enable_feature_flag stream_queue)"
+            ) from exc
