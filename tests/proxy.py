@@ -4,26 +4,10 @@ chosen points."""
 from __future__ import annotations
 
 import contextlib
-import random
 import socket
 import threading
 
 from .broker_control import HOST, PORT
-
-# Ports are taken below Linux's ephemeral range (32768-60999 by default): a port from that range,
-# left free while a test has its "broker" away, can be taken meanwhile as the local end of a
-# client's connection (or of a client connecting to it, which then connects to itself), and
-# could not be listened on again.
-_PORTS = range(20_000, 32_000)
-
-
-def _listen(port: int) -> socket.socket:
-    if port:
-        return socket.create_server(("127.0.0.1", port))
-    for _ in range(100):
-        with contextlib.suppress(OSError):
-            return socket.create_server(("127.0.0.1", random.choice(_PORTS)))
-    raise OSError("no free port on 127.0.0.1 between 20000 and 32000")
 
 
 class Proxy:
@@ -35,7 +19,7 @@ class Proxy:
 
     def __init__(self, target: tuple[str, int] = (HOST, PORT), port: int = 0) -> None:
         self.target = target
-        self._server = _listen(port)
+        self._server = socket.create_server(("127.0.0.1", port))
         self.port = self._server.getsockname()[1]
         self._open = threading.Event()
         self._open.set()  # cleared while stalled
@@ -75,6 +59,10 @@ class Proxy:
     def close(self) -> None:
         self._closed = True
         self._open.set()
+        # Shut down first: a listening socket closed while a thread waits in accept() on it goes
+        # on listening until that accept returns, and its port could not be listened on again.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         self.cut()
 
@@ -116,7 +104,7 @@ class Proxy:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (now), and that no client connection
-    will take as its own while it stays free."""
-    with _listen(0) as sock:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
