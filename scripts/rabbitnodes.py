@@ -98,18 +98,28 @@ def prepare_chroot(root: Path) -> None:
         run(["mount", "-t", "proc", "proc", str(proc)])
 
 
-def release_chroot(root: Path) -> None:
-    """Unmount the chroot's /proc once no process runs in the chroot."""
+def release_chroot(root: Path, wait_s: float = 5) -> None:
+    """Unmount the chroot's /proc once no process runs in the chroot (an epmd told to stop may
+    take a moment: it is waited for up to ``wait_s`` seconds)."""
     proc = root / "proc"
-    if not os.path.ismount(proc):
-        return
+    deadline = time.monotonic() + wait_s
+    while os.path.ismount(proc):
+        if not _rooted_in(root):
+            subprocess.run(["umount", "-l", str(proc)], check=False, capture_output=True)
+            return
+        if time.monotonic() > deadline:
+            return  # a node still runs there: its /proc stays
+        time.sleep(0.2)
+
+
+def _rooted_in(root: Path) -> bool:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/root") == str(root):
-                return  # a node (or its epmd) still runs there
+                return True
         except OSError:
             continue
-    subprocess.run(["umount", "-l", str(proc)], check=False, capture_output=True)
+    return False
 
 
 def run(args: list[str], *, quiet: bool = False, timeout: float = 900) -> subprocess.CompletedProcess[str]:
