@@ -267,6 +267,22 @@ def kill(pid: int) -> None:
         pass
 
 
+def stop_nodes(nodes: list[Node]) -> None:
+    """Stop the nodes that run (all of one version), then their epmd."""
+    for node in nodes:
+        if node.answers() or node.pid() is not None:
+            node.stop()
+    stop_epmd(nodes[0].version)
+
+
+def pass_to_ctl(node: Node, args: list[str]) -> None:
+    """Run rabbitmqctl ``args`` on ``node`` as if called directly: its output, its status."""
+    done = node.ctl(*args, check=False)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    raise SystemExit(done.returncode)
+
+
 def stop_epmd(version: Version) -> None:
     """The version's epmd, started by its first node, once no node of ours uses it."""
     command = version.command({"ERL_EPMD_PORT": str(version.epmd_port)}, "epmd", "-kill")

@@ -47,9 +47,9 @@ os.environ["ANARCHON_RABBITMQCTL"] = shlex.join(RABBITMQCTL)
 os.environ.setdefault("ANARCHON_DEMO_BROKER", BROKER)
 
 
-def url_with(*, user: str = "guest", password: str = "guest", port: int = PORT, vhost: str = "/") -> str:
-    """The suite's broker with other credentials, port or vhost (``/`` is written ``//``)."""
-    return f"amqp://{user}:{password}@{HOST}:{port}/{vhost}"
+def url_with(*, user: str = "guest", password: str = "guest", vhost: str = "/") -> str:
+    """The suite's broker with other credentials or vhost (``/`` is written ``//``)."""
+    return f"amqp://{user}:{password}@{HOST}:{PORT}/{vhost}"
 
 
 def run_rabbitmqctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
