@@ -180,8 +180,8 @@ def test_claim_body_names_the_instance(broker_url: str, prefix: str, connection:
 class _NoDeclare(RabbitMQBackend):
     """Publishes without declaring: as if the gate expired between declare and publish."""
 
-    def _declare_gates(self, gates: list[str]) -> list[bool]:
-        return [True] * len(gates)
+    def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:
+        return [None] * len(gates)
 
 
 def test_an_unroutable_claim_is_not_a_win(broker_url: str, prefix: str) -> None:
@@ -491,7 +491,7 @@ class _Hooked(RabbitMQBackend):
 
     after_declare: Any = None
 
-    def _declare_gates(self, gates: list[str]) -> list[bool]:
+    def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:
         usable = super()._declare_gates(gates)
         hook, self.after_declare = self.after_declare, None
         if hook is not None:

@@ -68,3 +68,37 @@ def test_claims_move_to_another_node_when_theirs_is_killed(urls: list[str], capl
     finally:
         backend.close()
         rival.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_gate_on_a_killed_node_costs_its_own_run_only(urls: list[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Gates declared ahead from node 1, then node 1 killed: a batch mixing their runs with runs
+    whose gates are new wins the new ones (RabbitMQ 4 holds the declare of a dead node's gate for
+    about a minute; 3.10 answers 404 at once) and never the dead node's. Back, node 1's gates
+    hold what they held: a claimed one is never won again, an unclaimed one is won once."""
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    prefix = f"t-{uuid.uuid4().hex[:10]}."
+    on_node_1 = RabbitMQBackend(urls[0], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    rival = RabbitMQBackend(list(reversed(urls)), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    dead = [Claim("dead", slot) for slot in (1, 2, 3)]
+    fresh = [Claim("fresh", slot) for slot in (1, 2, 3)]
+    try:
+        assert on_node_1.claim([dead[0]], "a") == [Outcome.WON]  # claimed before the kill
+        on_node_1.prepare([dead[1], dead[2]])  # declared ahead, not claimed
+        on_node_1.await_prepared(10)
+        on_node_1.close()
+        cluster("kill", "1")
+        try:
+            batch = [dead[0], fresh[0], dead[1], fresh[1], dead[2], fresh[2]]
+            outcomes = rival.claim(batch, "b")
+            assert outcomes[1::2] == [Outcome.WON] * 3
+            assert Outcome.WON not in outcomes[0::2]
+            assert "down or cut off" in caplog.text
+            assert "permissions" not in caplog.text
+        finally:
+            cluster("start-node", "1")
+        assert rival.claim([dead[0], dead[1]], "b") == [Outcome.LOST, Outcome.WON]
+        assert rival.claim([dead[1]], "b") == [Outcome.LOST]
+    finally:
+        on_node_1.close()
+        rival.close()

@@ -215,7 +215,7 @@ class RabbitMQBackend(Backend):
         """
         return self._claimer.claim(claims, instance, on_won=on_won)
 
-    def _declare_gates(self, gates: list[str]) -> list[bool]:
+    def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:
         """Declare the gates of the runs being claimed (see :func:`.gates.declare_gates`)."""
         return declare_gates(self.link, gates, self.slot_ttl_ms)
 

@@ -86,7 +86,7 @@ class Claimer:
     ``ahead`` has them declared already."""
 
     def __init__(
-        self, link: Link, prefix: str, ahead: DeclaresAhead, declare_gates: Callable[[list[str]], list[bool]]
+        self, link: Link, prefix: str, ahead: DeclaresAhead, declare_gates: Callable[[list[str]], list[Outcome | None]]
     ) -> None:
         self.link = link
         self.prefix = prefix
@@ -141,7 +141,7 @@ class Claimer:
                 # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
                 undeclared = [gate for _, gate in claims if gate not in ready]
                 declared = dict(zip(undeclared, self.declare_gates(undeclared)))
-                usable = [declared.get(gate, True) for _, gate in claims]
+                verdicts = [declared.get(gate) for _, gate in claims]
                 for _, gate in claims:
                     ready.pop(gate, None)
                 break
@@ -162,11 +162,11 @@ class Claimer:
                 logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
 
         gated = []
-        for (claim, gate), ok in zip(claims, usable):
-            if ok:
+        for (claim, gate), verdict in zip(claims, verdicts):
+            if verdict is None:
                 gated.append((claim, gate))
             else:
-                outcomes[gate] = Outcome.BAD_GATE
+                outcomes[gate] = verdict
         to_publish = _within_deadline(gated, outcomes, "when the claim was ready")
         if not to_publish:
             return set()

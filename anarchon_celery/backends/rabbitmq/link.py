@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import amqp
+from amqp import spec
 from kombu import Connection
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 
-__all__ = ["Link", "app_connection_options", "check_server", "node_urls", "reset_connection"]
+__all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls", "reset_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +195,13 @@ class Link:
         """The broker closed the declaring channel: the next declare opens another."""
         self._declarer = None
 
+    def abandon_declarer(self) -> None:
+        """The declaring channel waits for an answer that is not coming: it is closed without
+        waiting, and the next declare opens another."""
+        if self._declarer is not None:
+            let_go(self._declarer)
+        self._declarer = None
+
     def discard(self, *, connection_lost: bool) -> None:
         """Forget the channels, and the connection when it is ours or broken."""
         self._declarer = None
@@ -282,6 +290,16 @@ def refusal(exc: BaseException, connection: Connection) -> str | None:
             "anarchon_prefix names)"
         )
     return None
+
+
+def let_go(channel: amqp.Channel) -> None:
+    """Close ``channel`` without waiting: its close-ok (or any late answer before it) is read, and
+    dropped, whenever the connection is next read."""
+    if channel.connection is None or not channel.is_open:
+        return
+    channel.is_closing = True  # py-amqp drops every method but the close's answer from now on
+    with contextlib.suppress(Exception):  # a dead connection shows itself at its next use
+        channel.send_method(spec.Channel.Close, "BsBB", (200, "", 0, 0))
 
 
 def reset_connection(connection: Connection) -> None:
