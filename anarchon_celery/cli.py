@@ -22,6 +22,7 @@ import click
 
 from . import clock
 from .backends import RabbitMQBackend
+from .backends.rabbitmq import survey
 from .control import (
     Deployment,
     configure,
@@ -32,7 +33,7 @@ from .control import (
     rabbitmq_backend,
     run_now,
 )
-from .errors import AnarchonError
+from .errors import AnarchonError, BrokerError
 from .history import Run, fold
 from .jobs import JOB_NAME_RE, Job
 from .schedule import from_ms
@@ -223,21 +224,55 @@ def run_now_command(ctx: click.Context, job: str, as_json: bool) -> None:
 
 
 @anarchon.command()
+@click.option(
+    "--rabbitmqctl",
+    "rabbitmqctl",
+    default=None,
+    envvar="ANARCHON_RABBITMQCTL",
+    metavar="COMMAND",
+    help="How to run rabbitmqctl on a node of the cluster, to read its partition handling "
+    "(or ANARCHON_RABBITMQCTL), e.g. 'ssh rabbit-1 sudo rabbitmqctl'.",
+)
 @json_option
 @click.pass_context
 @_fail_cleanly
-def check(ctx: click.Context, as_json: bool) -> None:
-    """Check the configuration as the scheduler would, and the broker: exit 0 only if all is well."""
+def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
+    """Check the configuration as the scheduler would, and the broker (every node of a cluster):
+    exit 0 only if all is well."""
     checks: list[dict[str, Any]] = []
 
     def step(name: str, action: Callable[[], str]) -> bool:
         try:
             checks.append({"check": name, "ok": True, "detail": action()})
             return True
+        except Warned as warned:
+            checks.append({"check": name, "ok": True, "warn": True, "detail": str(warned)})
+            return True
         except Exception as exc:  # noqa: BLE001 - every failure is reported, as one line
             detail = str(exc) if isinstance(exc, AnarchonError) else f"{type(exc).__name__}: {exc}"
             checks.append({"check": name, "ok": False, "detail": detail})
             return False
+
+    def nodes() -> bool:
+        """One line per node of a cluster; False when the list is never safe."""
+        backend = holder["d"].backend
+        if not isinstance(backend, RabbitMQBackend) or len(survey.urls_of(backend.connection)) < 2:
+            return True
+        answers = survey.survey(backend.connection, min(backend.connection.connect_timeout or 5.0, 5.0))
+        for entry in survey.describe(answers):
+            checks.append({"check": "node", **entry})
+        errors, warnings = survey.judge(answers)
+        for error in errors:
+            checks.append({"check": "nodes", "ok": False, "detail": error})
+        for warning in warnings:
+            if "3.x cluster" in warning:
+                continue  # the partitions line says it, with what it could read
+            if "different versions" in warning:
+                checks.append({"check": "nodes", "ok": True, "warn": True, "detail": warning})
+        working = [a for a in answers if a.problem is None]
+        if not errors and working:
+            step("partition", lambda: _partition_handling(rabbitmqctl, working[0].version))
+        return not errors
 
     holder: dict[str, Deployment] = {}
     opened = contextlib.ExitStack()
@@ -262,7 +297,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
         return "history streams can be created"
 
     with opened:
-        if step("config", config) and step("broker", broker):
+        if step("config", config) and nodes() and step("broker", broker):
             step("claims", claims)
             step("streams", streams)
     ok = all(c["ok"] for c in checks)
@@ -270,7 +305,9 @@ def check(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps({"ok": ok, "checks": checks}))
     else:
         for c in checks:
-            click.echo(f"{'ok  ' if c['ok'] else 'FAIL'}  {c['check']:<8} {c['detail']}")
+            status = "FAIL" if not c["ok"] else "warn" if c.get("warn") else "ok  "
+            where = f"{c['node']}: " if "node" in c else ""
+            click.echo(f"{status}  {c['check']:<8} {where}{c['detail']}")
     if not ok:
         ctx.exit(1)
 
@@ -337,6 +374,34 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
             data.append({"job": job, "stream": stream, "deleted": yes})
     action = "deleted" if yes else "would delete (prune --yes)"
     _emit(as_json, data, [[d["job"], d["stream"], action] for d in data], ["JOB", "STREAM", "ACTION"])
+
+
+class Warned(Exception):  # noqa: N818 - not an error: a check that passed with a warning
+    """A check passed, with a warning to show."""
+
+
+def _partition_handling(rabbitmqctl: str | None, version: tuple[int, ...]) -> str:
+    """The cluster's partition handling, read with ``rabbitmqctl`` when given."""
+    if rabbitmqctl is None:
+        needs = "pause_minority (3.x; with ignore or autoheal both sides of a partition can win a run)"
+        raise Warned(
+            f"not read (a client cannot see it): give --rabbitmqctl to read it. Exactly once across a "
+            f"network partition needs {needs if version < (4,) else 'Khepri, or pause_minority'}"
+        )
+    command = [*shlex.split(rabbitmqctl), "eval", survey.PARTITION_EVAL]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BrokerError(f"cannot run {rabbitmqctl} ({type(exc).__name__}: {exc})") from None
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise BrokerError(f"{rabbitmqctl} eval failed: {lines[-1] if lines else done.returncode}")
+    ok, detail = survey.check_partition_handling(done.stdout)
+    if not ok:
+        raise BrokerError(detail)
+    return detail
 
 
 def _named_job(deployment: Deployment, prefix: str, name: str) -> str:

@@ -43,9 +43,15 @@ class _Done(NamedTuple):
 
 
 class _Due(NamedTuple):
-    due_ms: int  # slot + this instance's jitter
+    due_ms: int  # slot + this instance's jitter; for a claim made again, when it is made
     slot: int
     job: str
+    planned_ms: int = 0  # a claim made again (its gate was away): when it was first due
+
+
+#: Milliseconds between the claims of a run whose gate is away (its RabbitMQ node down or cut
+#: off), made again until the run's deadline.
+AWAY_RETRY_MS = 1_000
 
 
 class Scheduler(beat.Scheduler):
@@ -296,6 +302,8 @@ class Scheduler(beat.Scheduler):
         """Queue the next run of each job taken off the queue (at the time given with it)."""
         known: dict[tuple[Schedule, int], int] = {}  # worked out once per schedule and slot
         for item, now in taken:
+            if item.planned_ms:
+                continue  # a claim made again: the job's next run was queued the first time
             self._schedule_after(self.jobs[item.job], item.slot, now, known)
 
     def _run(self, due: list[_Due], now: int) -> list[_Done]:
@@ -306,7 +314,8 @@ class Scheduler(beat.Scheduler):
             job = self.jobs[item.job]
             # Lateness counts from this instance's planned claim (slot + its jitter), so the
             # last claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
-            late = now - item.due_ms
+            planned = item.planned_ms or item.due_ms
+            late = now - planned
             if late > job.max_late_ms:
                 logger.log(
                     self._skip_level(item.slot, item.slot + 1),
@@ -317,7 +326,7 @@ class Scheduler(beat.Scheduler):
                     job.max_late_ms,
                 )
                 continue
-            claims.append(Claim(job.name, item.slot, deadline_ms=item.due_ms + job.max_late_ms))
+            claims.append(Claim(job.name, item.slot, deadline_ms=planned + job.max_late_ms))
         return self._claim(claims, now) if claims else []
 
     def _claim(self, claims: list[Claim], now: int) -> list[_Done]:
@@ -345,11 +354,37 @@ class Scheduler(beat.Scheduler):
             raise
         runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
-            if outcome is not Outcome.WON:
+            if outcome is Outcome.AWAY:
+                self._claim_again(claim)
+            elif outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
                 runs.append(outgoing(claim))
         return self._send(runs) if runs else []
+
+    def _claim_again(self, claim: Claim) -> None:
+        """Queue the claim of a run whose gate is away again, a moment later, if its deadline
+        allows: the gate, once its node is back, still says whether anyone won the run."""
+        job = self.jobs[claim.job]
+        deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
+        planned = deadline - job.max_late_ms
+        again = clock.now_ms() + AWAY_RETRY_MS
+        if again > deadline:
+            logger.warning(
+                "anarchon: job %r slot %d: its gate stayed away until the run's deadline (max_late_ms %d); "
+                "not run by this instance",
+                claim.job,
+                claim.slot,
+                job.max_late_ms,
+            )
+            return
+        logger.debug(
+            "anarchon: job %r slot %d: its gate is away; claiming it again in %d ms",
+            claim.job,
+            claim.slot,
+            AWAY_RETRY_MS,
+        )
+        heapq.heappush(self._queue, _Due(again, claim.slot, claim.job, planned))
 
     def _skip_level(self, first: int, end: int, schedule: Schedule | None = None) -> int:
         """The log level of runs skipped as too late (the slots in ``[first, end)`` of ``schedule``,

@@ -21,6 +21,14 @@ app.conf.update(
         f"job-{n:02d}": {"task": "soak_app.tick", "schedule": PERIOD, "args": (f"job-{n:02d}",)} for n in range(JOBS)
     },
 )
+if os.environ.get("SOAK_QUORUM"):  # the cluster soak: the task queue outlives a node
+    from kombu import Exchange, Queue
+
+    app.conf.task_queues = [
+        Queue(
+            f"{PREFIX}tasks", Exchange(f"{PREFIX}tasks"), f"{PREFIX}tasks", queue_arguments={"x-queue-type": "quorum"}
+        )
+    ]
 if IMPL == "anarchon":
     app.conf.update(
         beat_scheduler="anarchon_celery.Scheduler",

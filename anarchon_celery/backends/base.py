@@ -49,6 +49,11 @@ class Outcome(enum.Enum):
     #: The gate cannot serve: a queue of that name that is not a gate (made with other
     #: arguments), or one the broker refuses (permissions). Never a win.
     BAD_GATE = "bad_gate"
+    #: Where the run is decided cannot be reached just now (with RabbitMQ, the cluster node that
+    #: holds its gate is down or cut off). Not won, and not decided either: the scheduler claims
+    #: it again a moment later, while its deadline allows, since the run is still decided in
+    #: that one place once it is back.
+    AWAY = "away"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,8 @@ class Backend(abc.ABC):
     ) -> list[Outcome]:
         """Try to take each claim for ``instance``; one outcome per claim, in order.
 
-        A claim whose ``deadline_ms`` has passed before it could be made is ``UNDECIDED``.
+        A claim whose ``deadline_ms`` has passed before it could be made is ``UNDECIDED``. A
+        claim is ``AWAY`` only when making it again later can never make a second winner.
 
         Never raises for broker trouble: what could not be decided is ``UNDECIDED``. Exactly one
         caller ever gets ``WON`` for a given (job, slot) while the backend remembers it

@@ -17,7 +17,7 @@ from ...errors import BrokerRefused, BrokerUnavailable, ConfigError
 from ..base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
 from .ahead import DeclaresAhead
 from .claims import Claimer
-from .gates import declare_gates
+from .gates import PROBE_S, declare_gates, gates_away
 from .link import (
     AMQP_SCHEMES,
     DEFAULT_CONFIRM_TIMEOUT,
@@ -100,7 +100,16 @@ class RabbitMQBackend(Backend):
         self.link = Link(connection, owned=owned, confirm_timeout=self.confirm_timeout)
         self._ahead = DeclaresAhead(self.link, self.slot_ttl_ms)
         # The subclass hook _declare_gates (tests use it to lose gates) is the claims' declarer.
-        self._claimer = Claimer(self.link, self.prefix, self._ahead, self._declare_gates)
+        self._claimer = Claimer(
+            self.link,
+            self.prefix,
+            self._ahead,
+            self._declare_gates,
+            lambda gates: gates_away(self.link, gates),
+            lambda gates: declare_gates(
+                self.link, gates, self.slot_ttl_ms, timeout=min(PROBE_S, self.confirm_timeout), apart=True, quiet=True
+            ),
+        )
         self._streams = Streams(self.link, self.prefix)
         self._sharing = Sharing(self.link, self.prefix)
 

@@ -22,6 +22,9 @@ from .names import gate_name
 
 logger = logging.getLogger(__name__)
 
+#: Seconds after which a gate found away is forgotten (its run is long past its deadline).
+AWAY_FORGOTTEN_S = 3600.0
+
 
 class Confirms:
     """A confirm-mode channel and the answers to the claims published on it.
@@ -86,12 +89,23 @@ class Claimer:
     ``ahead`` has them declared already."""
 
     def __init__(
-        self, link: Link, prefix: str, ahead: DeclaresAhead, declare_gates: Callable[[list[str]], list[Outcome | None]]
+        self,
+        link: Link,
+        prefix: str,
+        ahead: DeclaresAhead,
+        declare_gates: Callable[[list[str]], list[Outcome | None]],
+        gates_away: Callable[[list[str]], set[str]],
+        declare_away: Callable[[list[str]], list[Outcome | None]],
     ) -> None:
         self.link = link
         self.prefix = prefix
         self.ahead = ahead
         self.declare_gates = declare_gates
+        self.gates_away = gates_away
+        self.declare_away = declare_away
+        #: Gates found away (their node down), and when: their runs' claims, made again, only
+        #: probe them briefly, so that a gate still away holds up no other run.
+        self.away: dict[str, float] = {}
         #: How many times a claim left without an answer is made again (see :meth:`claim`).
         self.retries = 2
         self._confirms: Confirms | None = None
@@ -114,6 +128,14 @@ class Claimer:
             pending = [(c, g) for c, g in pending if g in unanswered]
             if not pending:
                 break
+        now = time.monotonic()
+        for gate, outcome in outcomes.items():
+            if outcome is Outcome.AWAY:
+                self.away.setdefault(gate, now)
+            else:
+                self.away.pop(gate, None)
+        for gate in [g for g, since in self.away.items() if now - since > AWAY_FORGOTTEN_S]:
+            del self.away[gate]  # its run's deadline is long past
         return [outcomes[gate_name(self.prefix, c.job, c.slot)] for c in claims]
 
     def _claim_once(
@@ -139,8 +161,12 @@ class Claimer:
             try:
                 raw = self.link.connect(left)
                 # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
-                undeclared = [gate for _, gate in claims if gate not in ready]
+                undeclared = [gate for _, gate in claims if gate not in ready and gate not in self.away]
+                ahead = [gate for _, gate in claims if gate in ready]
                 declared = dict(zip(undeclared, self.declare_gates(undeclared)))
+                known_away = [gate for _, gate in claims if gate in self.away and gate not in ready]
+                if known_away:  # after the others: those are not held up by them
+                    declared.update(zip(known_away, self.declare_away(known_away)))
                 verdicts = [declared.get(gate) for _, gate in claims]
                 for _, gate in claims:
                     ready.pop(gate, None)
@@ -170,7 +196,38 @@ class Claimer:
         to_publish = _within_deadline(gated, outcomes, "when the claim was ready")
         if not to_publish:
             return set()
-        return self._publish(raw, to_publish, instance, outcomes, last=last, on_won=on_won)
+        unanswered, returned = self._publish(raw, to_publish, instance, outcomes, last=last, on_won=on_won)
+        self._find_away(ahead, outcomes, returned)
+        for claim, gate in to_publish:
+            if gate in returned and outcomes[gate] is Outcome.UNDECIDED:
+                logger.warning(
+                    "anarchon: job %r slot %d: the claim was returned as unroutable (its gate vanished); "
+                    "not run by this instance",
+                    claim.job,
+                    claim.slot,
+                )
+        return unanswered
+
+    def _find_away(self, ahead: list[str], outcomes: dict[str, Outcome], returned: set[str]) -> None:
+        """Turn the claims turned down by gates declared ahead into ``AWAY`` where the gate's node
+        is down. Such a gate was not declared just before its claim, so a claim it turns down
+        (RabbitMQ 4 nacks it, 3.x returns it) may have met a node that went away meanwhile, not
+        another instance's claim. A gate declared by this claim answered: its node was there."""
+        suspects = [
+            g
+            for g in ahead
+            if outcomes.get(g) is Outcome.LOST or (g in returned and outcomes.get(g) is Outcome.UNDECIDED)
+        ]
+        if not suspects:
+            return
+        try:
+            away = self.gates_away(suspects)
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            logger.info("anarchon: could not tell a lost claim from a gate away (%s: %s)", type(exc).__name__, exc)
+            return
+        for gate in away:
+            outcomes[gate] = Outcome.AWAY
 
     def _publish(
         self,
@@ -181,8 +238,9 @@ class Claimer:
         *,
         last: bool,
         on_won: Callable[[Claim], None] | None = None,
-    ) -> set[str]:
-        """Publish the claims and wait for their answers; returns the gates left unanswered.
+    ) -> tuple[set[str], set[str]]:
+        """Publish the claims and wait for their answers; returns the gates left unanswered (when
+        they may be claimed again) and those whose claim was returned.
         ``on_won`` hears of each win as its answer is read (outside py-amqp's event dispatch)."""
         confirms = self._confirms
         failure: BaseException | None = None
@@ -231,6 +289,7 @@ class Claimer:
         report_wins()  # answers read before a failure are still wins
         answers = confirms.answers if confirms is not None else {}
         unanswered = set()
+        returned = set()
         for claim, gate in claims:
             outcome = answers.pop(gate, None)
             if outcome is None:  # no answer: try again (see claim()) or give up
@@ -247,13 +306,8 @@ class Claimer:
             else:
                 outcomes[gate] = outcome
                 if outcome is Outcome.UNDECIDED:
-                    logger.warning(
-                        "anarchon: job %r slot %d: the claim was returned as unroutable (its gate vanished); "
-                        "not run by this instance",
-                        claim.job,
-                        claim.slot,
-                    )
-        return set() if last else unanswered
+                    returned.add(gate)
+        return (set() if last else unanswered), returned
 
 
 def _within_deadline(

@@ -18,12 +18,12 @@ _INEQUIVALENT = re.compile(r"inequivalent arg '([^']+)' for .*: received (.*) bu
 _VALUE = re.compile(r"'([^']*)'")
 
 
-def write_declare(channel: amqp.Channel, name: str, arguments: dict[str, Any]) -> None:
+def write_declare(channel: amqp.Channel, name: str, arguments: dict[str, Any], *, passive: bool = False) -> None:
     """Write a durable queue's declare without waiting for its answer (the broker answers a
-    channel's methods in order)."""
+    channel's methods in order). A ``passive`` one only asks whether the queue is there."""
     # queue.declare's fields: ticket, queue, passive, durable, exclusive, auto_delete, nowait,
     # arguments. Not nowait: a declare with nowait does not renew x-expires.
-    channel.send_method(spec.Queue.Declare, "BsbbbbbF", (0, name, False, True, False, False, False, arguments))
+    channel.send_method(spec.Queue.Declare, "BsbbbbbF", (0, name, passive, True, False, False, False, arguments))
 
 
 def _current_value(text: str) -> str | None:

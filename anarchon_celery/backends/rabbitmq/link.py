@@ -145,6 +145,10 @@ class Link:
     def _check_server(self) -> None:
         properties = self.connection.connection.server_properties or {}
         self.server_version = check_server(properties, self.connection.as_uri())
+        if not self.opened and self.owned:
+            from .survey import warn_about  # every node, once: they must be one cluster
+
+            warn_about(self.connection, min(self.connection.connect_timeout or 5.0, 5.0))
         self.opened = True
         self._note_node()
 
