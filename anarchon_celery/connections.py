@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-__all__ = ["keep_alive", "negotiated_heartbeat"]
+__all__ = ["NodeLog", "keep_alive", "negotiated_heartbeat"]
+
+logger = logging.getLogger(__name__)
+
+
+class NodeLog:
+    """Logs the node a connection is on when it first connects, and when it moves to another
+    (given several nodes, kombu's failover moves it to the next when one fails). URLs are shown
+    with their password hidden."""
+
+    def __init__(self, what: str, where: str = "RabbitMQ") -> None:
+        self.what = what  # "claims", "tasks", ...
+        self.where = where
+        self.node: str | None = None
+
+    def note(self, connection: Any) -> None:
+        node = connection.as_uri()
+        if node == self.node:
+            return
+        if self.node is None:
+            logger.info("anarchon: %s on %s at %s", self.what, self.where, node)
+        else:
+            logger.warning("anarchon: %s moved from %s at %s to %s", self.what, self.where, self.node, node)
+        self.node = node
 
 
 def keep_alive(connection: Any) -> None:

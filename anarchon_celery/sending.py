@@ -29,6 +29,7 @@ from amqp.exceptions import MessageNacked
 from kombu.exceptions import OperationalError
 
 from . import clock
+from .connections import NodeLog
 from .jobs import Job
 
 __all__ = [
@@ -129,6 +130,7 @@ class TaskSender:
         self._confirms: _TaskConfirms | None = None
         self._raw: Any = None
         self._written: _Written | None = None
+        self._nodes = NodeLog("tasks", "the broker")
 
     def open(self) -> None:
         """Connect (one attempt) and open the task channel now, ahead of the runs, so that the
@@ -138,6 +140,7 @@ class TaskSender:
             return
         try:
             self.connection.ensure_connection(max_retries=0)
+            self._nodes.note(self.connection)
             self._open_channel()
         except Exception:
             self._drop()
@@ -194,6 +197,7 @@ class TaskSender:
             except Exception as exc:  # noqa: BLE001 - whatever stops the connection fails these runs
                 results.update((i, exc) for i in todo)
                 break
+            self._nodes.note(self.connection)
             refused, unwritten, failure = self._send_once(runs, todo, results, strikes)
             todo = self._again(runs, until, results, refused, unwritten, failure)
         return [results.get(i) for i in range(len(runs))]

@@ -40,6 +40,8 @@ if IMPL == "anarchon":
         anarchon_slot_ttl_ms=int(os.environ.get("SOAK_SLOT_TTL_MS", "60000")),
         anarchon_history_size=10,
     )
+    if os.environ.get("SOAK_LEAD_MS"):
+        app.conf.anarchon_lead_ms = int(os.environ["SOAK_LEAD_MS"])
 elif IMPL == "redbeat":
     app.conf.update(
         beat_scheduler="redbeat.RedBeatScheduler",

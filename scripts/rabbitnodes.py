@@ -164,7 +164,10 @@ class Node:
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "ERL_EPMD_PORT": str(self.version.epmd_port),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            # Schedulers that do not spin while idle: several nodes share this machine's cores.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": (
+                "-kernel inet_dist_use_interface {127,0,0,1} +sbwt none +sbwtdcpu none +sbwtdio none"
+            ),
             "RABBITMQ_CONF_ENV_FILE": f"{home}/rabbitmq-env.conf",
             "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq",
             "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",

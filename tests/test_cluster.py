@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -15,25 +14,10 @@ import pytest
 
 from anarchon_celery import Claim, ConfigError, Outcome, RabbitMQBackend
 
-from .broker_control import BROKER, RABBITMQ, ROOT
+from .broker_control import BROKER, ROOT
+from .cluster_control import SCRIPT, VERSION, cluster, cut_off_node_1, decided, heal, rabbit_running, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
-
-SCRIPT = str(ROOT / "scripts" / "rabbitmq-cluster")
-VERSION = "4" if RABBITMQ == "4" else "3.10"
-
-
-def cluster(*args: str, timeout: float = 300) -> str:
-    done = subprocess.run(
-        [SCRIPT, "--version", VERSION, *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, f"rabbitmq-cluster {' '.join(args)}: {done.stderr}"
-    return done.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +55,6 @@ def test_claims_move_to_another_node_when_theirs_is_killed(urls: list[str], capl
     finally:
         backend.close()
         rival.close()
-
-
-def decided(backend: RabbitMQBackend, claims: list[Claim], instance: str) -> list[Outcome]:
-    """Claims made again while their gates are away, as the scheduler does (for up to 30 s)."""
-    outcomes = backend.claim(claims, instance)
-    for _ in range(30):
-        away = [i for i, outcome in enumerate(outcomes) if outcome is Outcome.AWAY]
-        if not away:
-            break
-        time.sleep(1)
-        for i, outcome in zip(away, backend.claim([claims[i] for i in away], instance)):
-            outcomes[i] = outcome
-    return outcomes
 
 
 @pytest.mark.timeout(300)
@@ -187,3 +158,29 @@ def test_a_node_of_another_cluster_is_refused_by_name(urls: list[str]) -> None:
     with pytest.raises(ConfigError, match="a run could be won twice"):
         backend.open()
     backend.close()
+
+
+@pytest.mark.timeout(300)
+def test_with_pause_minority_only_the_majority_wins_across_a_partition(urls: list[str]) -> None:
+    """The cluster's partition handling is pause_minority (scripts/rabbitmq-cluster's default):
+    node 1, cut off from the others, stops taking clients on 3.10 (on 4, Khepri already keeps it
+    from making gates), and a run is won once, on the majority. Last in the module: the cluster is
+    healed after it, but was partitioned."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}."
+    minority = RabbitMQBackend(urls[0], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    majority = RabbitMQBackend(urls[1], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    try:
+        assert majority.claim([Claim("before", 1)], "b") == [Outcome.WON]
+        cut_off_node_1()
+        try:
+            if VERSION == "3.10":
+                assert wait_for(lambda: not rabbit_running(1)), "node 1 did not pause"
+            assert minority.claim([Claim("cut", 1)], "a") != [Outcome.WON]
+            assert majority.claim([Claim("cut", 1)], "b") == [Outcome.WON]
+        finally:
+            heal()
+        assert wait_for(lambda: rabbit_running(1), timeout=120), "node 1 did not come back"
+        assert decided(minority, [Claim("cut", 1), Claim("after", 1)], "a") == [Outcome.LOST, Outcome.WON]
+    finally:
+        minority.close()
+        majority.close()

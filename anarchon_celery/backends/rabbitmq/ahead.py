@@ -16,6 +16,7 @@ import amqp
 from amqp import spec
 from kombu import Connection
 
+from ...connections import NodeLog
 from .declaring import write_declare
 from .link import READ_SLICE, Link, abort, text
 from .names import gate_arguments
@@ -37,12 +38,14 @@ class Preparer:
         self.timeout = timeout
         self.channel: amqp.Channel | None = None
         self.in_flight: deque[tuple[str, float]] = deque()  # gates declared, unanswered, in order
+        self.nodes = NodeLog("gates declared ahead")
 
     def declare(self, gates: Sequence[str]) -> None:
         """Write the gates' declares (connecting first if needed); raises the connection's errors."""
         if self.channel is None or not self.channel.is_open:
             self.in_flight.clear()  # the answers of an earlier channel are not coming
             self.connection.ensure_connection(max_retries=0)  # one attempt: the claims declare meanwhile
+            self.nodes.note(self.connection)
             self.channel = self.connection.connection.channel()
         now = time.monotonic()
         for gate in gates:

@@ -212,7 +212,10 @@ class Claimer:
         """Turn the claims turned down by gates declared ahead into ``AWAY`` where the gate's node
         is down. Such a gate was not declared just before its claim, so a claim it turns down
         (RabbitMQ 4 nacks it, 3.x returns it) may have met a node that went away meanwhile, not
-        another instance's claim. A gate declared by this claim answered: its node was there."""
+        another instance's claim. A gate declared by this claim answered: its node was there.
+        With one node, a gate cannot be away while the connection to it lives: nothing to do."""
+        if not self.link.several_nodes:
+            return
         suspects = [
             g
             for g in ahead

@@ -146,7 +146,8 @@ def _declare_apart(
         # In place of py-amqp's handler, which would open the channel again and raise.
         closed[gate] = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
         channel.send_method(spec.Channel.CloseOk)
-        channel.collect()
+        if not channel.is_closing:  # else our own close is answered later, and that forgets it
+            channel.collect()
 
     for gate in gates:
         channel = raw.channel()  # a round trip: a dead connection raises here

@@ -18,6 +18,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
+from ...connections import NodeLog
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 
 __all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls", "reset_connection"]
@@ -106,12 +107,17 @@ class Link:
         self.confirm_timeout = confirm_timeout
         self.opened = False
         self.server_version: tuple[int, ...] = ()
-        self._node: str | None = None  # the node connected to last (as_uri)
+        self._nodes = NodeLog("claims")
         self._declarer: amqp.Channel | None = None
         self._forgetters: list[Callable[[], None]] = []
         self._outage_since: float | None = None
         self._outage_missed = 0  # runs not claimed during the current outage
         self._outage_reminded = 0.0  # time.monotonic() of its last line
+
+    @property
+    def several_nodes(self) -> bool:
+        """Whether the connection has several nodes to move between (kombu's failover)."""
+        return len(self.connection.alt or ()) > 1
 
     def on_discard(self, forget: Callable[[], None]) -> None:
         """Call ``forget`` whenever the channels on this connection must no longer be used."""
@@ -153,16 +159,7 @@ class Link:
         self._note_node()
 
     def _note_node(self) -> None:
-        """Log the node the connection is on when it connects, and when it moves to another
-        (with several nodes, kombu moves to the next when one fails)."""
-        node = self.connection.as_uri()
-        if node == self._node:
-            return
-        if self._node is None:
-            logger.info("anarchon: claims on RabbitMQ at %s", node)
-        else:
-            logger.warning("anarchon: claims moved from RabbitMQ at %s to %s", self._node, node)
-        self._node = node
+        self._nodes.note(self.connection)
 
     def connect(self, timeout: float | None) -> amqp.Connection:
         """The live connection, (re)connecting for at most about ``timeout`` seconds (plus one
