@@ -11,7 +11,11 @@ For each version and mode, two lines run one after the other, each on brokers of
 * ``single``: one node of the same version (its own ports and data); 3 instances on it.
 
 20 jobs every 2 s (the soak's line), with the product's defaults otherwise (``max_late_ms`` 60 s,
-``lead_ms`` 10 s, or ``--lead-ms``). The task queue is a quorum queue, so that on the cluster it outlives a node;
+``lead_ms`` 10 s, or ``--lead-ms``), except history: off by default (``--history-size``). History
+streams are replicated to every node, and on RabbitMQ 3.10 a node killed every 30 s sent the stream
+coordinator into a loop of replica restarts (thousands of errors in a few minutes, about half a
+core per node, and a node's start slowed from 20 s to 80 s): that is the broker's streams, not the
+claims, which is what this measures. The task queue is a quorum queue, so that on the cluster it outlives a node;
 a raw consumer counts the task messages per (job, slot), as the soak benchmark does.
 
 Faults: ``kill`` SIGKILLs a node every ``--every`` seconds (nodes 1, 2, 3 in turn) and starts it
@@ -209,6 +213,7 @@ class Line:
             SOAK_SLOT_TTL_MS="300000",
             SOAK_QUORUM="1",
             SOAK_LEAD_MS=str(self.args.lead_ms),
+            SOAK_HISTORY_SIZE=str(self.args.history_size),
             PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
         )
 
@@ -246,14 +251,16 @@ class Line:
         self.result = self._count(tally.arrivals, start, end - self.args.tail_s * 1000)
 
     def _play(self, until: float) -> None:
-        """The faults, until the monotonic time ``until``."""
+        """The faults, until the monotonic time ``until``: kills every ``--every`` seconds (the
+        next one at once when a restart took longer), or one clean restart after another."""
         size = len(self.broker.nodes)
         turn = 0
+        next_at = time.monotonic() + (self.args.every if self.mode == "kill" else self.args.down)
         while True:
-            wait = self.args.every if self.mode == "kill" else self.args.down
-            if time.monotonic() + wait + self.args.down >= until:
+            if next_at + self.args.down >= until:
                 return
-            time.sleep(wait)
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += self.args.every if self.mode == "kill" else 0
             node = turn % size + 1
             turn += 1
             self._read_homes()
@@ -271,6 +278,8 @@ class Line:
             say(
                 f"{self.kind} {self.broker.version}: node {node} back after {(fault.up_ms - fault.down_ms) / 1000:.1f}s"
             )
+            if self.mode != "kill":
+                next_at = max(next_at, time.monotonic() + self.args.down)
 
     def _read_homes(self) -> None:
         """Note the node of every gate of ours, then delete those of runs long past their deadline."""
@@ -299,7 +308,9 @@ class Line:
             return
         url = self.broker.urls[alive - 1]
         port = int(_PORT.search(url).group(1))  # type: ignore[union-attr]
-        conn = amqp.Connection(f"127.0.0.1:{port}", userid="guest", password="guest", connect_timeout=10)
+        conn = amqp.Connection(
+            f"127.0.0.1:{port}", userid="guest", password="guest", connect_timeout=10, read_timeout=30, write_timeout=30
+        )
         try:
             conn.connect()
             channel = conn.channel()
@@ -433,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tail-s", type=int, default=5, help="runs of the last seconds are not counted")
     parser.add_argument("--no-single", action="store_true", help="the cluster only")
     parser.add_argument("--lead-ms", type=int, default=10_000, help="anarchon_lead_ms (10 s: the default)")
+    parser.add_argument("--history-size", type=int, default=0, help="anarchon_history_size (0: no history streams)")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     results = []

@@ -38,7 +38,7 @@ if IMPL == "anarchon":
         # in kill mode the benchmark reads the gates of missed runs after the line ends: there
         # they outlive it; in the other modes they are kept few (see soak.py)
         anarchon_slot_ttl_ms=int(os.environ.get("SOAK_SLOT_TTL_MS", "60000")),
-        anarchon_history_size=10,
+        anarchon_history_size=int(os.environ.get("SOAK_HISTORY_SIZE", "10")),
     )
     if os.environ.get("SOAK_LEAD_MS"):
         app.conf.anarchon_lead_ms = int(os.environ["SOAK_LEAD_MS"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 
 from anarchon_celery import Claim, Outcome, RabbitMQBackend
 
@@ -34,10 +35,9 @@ def cluster(*args: str, timeout: float = 300) -> str:
     return done.stdout.strip()
 
 
-def evaluate(node: int, expression: str, **options: str) -> str:
+def evaluate(node: int, expression: str) -> str:
     """An Erlang expression evaluated on node ``node`` (1 to 3)."""
-    flags = [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", value)]
-    return cluster(*flags, "ctl", str(node), "eval", expression)
+    return cluster("ctl", str(node), "eval", expression)
 
 
 def cut_off_node_1() -> None:
@@ -59,10 +59,10 @@ def rabbit_running(node: int) -> bool:
     return "true" in evaluate(node, "rabbit:is_running().")
 
 
-def wait_for(condition: object, timeout: float = 60) -> bool:
+def wait_for(condition: Callable[[], bool], timeout: float = 60) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return True
         time.sleep(0.5)
     return False
