@@ -54,7 +54,6 @@ from typing import Any
 
 import amqp
 from common import HERE, Tally, now_ms, percentile, start_celery, stop, wait_for_line
-from kombu import Connection, Consumer, Exchange, Queue
 
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -154,32 +153,6 @@ class Single:
 # -- one line -------------------------------------------------------------------------------------
 
 
-class QuorumTally(Tally):
-    """The soak's raw consumer, on a quorum task queue, through every node of a cluster."""
-
-    def __init__(self, queue: str, urls: list[str]) -> None:
-        super().__init__(queue)
-        self.urls = urls
-
-    def run(self) -> None:
-        queue = Queue(
-            self.queue, Exchange(self.queue), self.queue, durable=True, queue_arguments={"x-queue-type": "quorum"}
-        )
-        while not self._halt.is_set():
-            try:
-                with Connection(";".join(self.urls), connect_timeout=2) as conn:
-                    conn.ensure_connection(max_retries=len(self.urls))
-                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"]):
-                        self.ready.set()
-                        while not self._halt.is_set():
-                            try:
-                                conn.drain_events(timeout=0.5)
-                            except TimeoutError:
-                                pass
-            except Exception:  # noqa: BLE001 - its node went: connect again, to another
-                time.sleep(0.5)
-
-
 @dataclasses.dataclass
 class Fault:
     node: int  # 1-based
@@ -227,7 +200,8 @@ class Line:
             self.error = exc
 
     def _run(self) -> None:
-        tally = QuorumTally(f"{self.prefix}tasks", self.broker.urls)
+        # A quorum task queue: on the cluster it outlives a node.
+        tally = Tally(f"{self.prefix}tasks", ";".join(self.broker.urls), {"x-queue-type": "quorum"})
         tally.start()
         if not tally.ready.wait(60):
             raise RuntimeError(f"{self.kind}: the task queue's consumer did not start")

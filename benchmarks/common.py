@@ -38,9 +38,11 @@ def now_ms() -> int:
 class Tally(threading.Thread):
     """The raw consumer: every task message published to the queue, with its arrival time."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, broker: str = BROKER, queue_arguments: dict[str, Any] | None = None) -> None:
         super().__init__(daemon=True)
         self.queue = queue
+        self.broker = broker  # several nodes joined by ';': the consumer moves when its node goes
+        self.queue_arguments = queue_arguments
         self.arrivals: list[dict[str, Any]] = []
         self._seen: set[str] = set()
         self._halt = threading.Event()
@@ -49,11 +51,11 @@ class Tally(threading.Thread):
     def run(self) -> None:
         from kombu import Connection, Consumer, Exchange, Queue
 
-        queue = Queue(self.queue, Exchange(self.queue), self.queue, durable=True)
+        queue = Queue(self.queue, Exchange(self.queue), self.queue, durable=True, queue_arguments=self.queue_arguments)
         while not self._halt.is_set():
             try:
-                with Connection(BROKER, connect_timeout=2) as conn:
-                    conn.ensure_connection(max_retries=1)
+                with Connection(self.broker, connect_timeout=2) as conn:
+                    conn.ensure_connection(max_retries=len(self.broker.split(";")))
                     with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"]):
                         self.ready.set()
                         while not self._halt.is_set():

@@ -9,7 +9,9 @@ touched, and the other clusters on it are not affected.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -79,3 +81,19 @@ def decided(backend: RabbitMQBackend, claims: list[Claim], instance: str) -> lis
         for i, outcome in zip(away, backend.claim([claims[i] for i in away], instance)):
             outcomes[i] = outcome
     return outcomes
+
+
+def check(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`celery anarchon check` of an app whose broker_url is ``urls``, as a real process (the
+    partition handling is read only when ``args`` give --rabbitmqctl)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_BROKER=";".join(urls), HISTORY_APP_PREFIX="t-check.")
+    env.pop("ANARCHON_RABBITMQCTL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "check", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )

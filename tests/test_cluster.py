@@ -4,9 +4,6 @@ backend given every node moves to another by itself when its node is killed, and
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -14,8 +11,8 @@ import pytest
 
 from anarchon_celery import Claim, ConfigError, Outcome, RabbitMQBackend
 
-from .broker_control import BROKER, ROOT
-from .cluster_control import SCRIPT, VERSION, cluster, cut_off_node_1, decided, heal, rabbit_running, wait_for
+from .broker_control import BROKER
+from .cluster_control import SCRIPT, VERSION, check, cluster, cut_off_node_1, decided, heal, rabbit_running, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 
@@ -93,21 +90,6 @@ def test_a_gate_on_a_killed_node_is_away_and_costs_no_other_run(
     finally:
         mover.close()
         rival.close()
-
-
-def check(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`celery anarchon check` of an app whose broker_url is ``urls``, as a real process."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_BROKER=";".join(urls), HISTORY_APP_PREFIX="t-check.")
-    env.pop("ANARCHON_RABBITMQCTL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "check", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 @pytest.mark.timeout(300)

@@ -5,9 +5,6 @@ A cluster of its own, stopped after the test."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -15,8 +12,7 @@ import pytest
 
 from anarchon_celery import Claim, Outcome, RabbitMQBackend
 
-from .broker_control import ROOT
-from .cluster_control import SCRIPT, VERSION, cluster, cut_off_node_1, heal
+from .cluster_control import SCRIPT, VERSION, check, cluster, cut_off_node_1, heal
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 
@@ -29,23 +25,9 @@ def urls() -> Iterator[list[str]]:
         cluster("stop")
 
 
-def check_partition(urls: list[str]) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_BROKER=";".join(urls), HISTORY_APP_PREFIX="t-part.")
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "check"]
-        + ["--rabbitmqctl", f"{SCRIPT} --version {VERSION} ctl 2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 @pytest.mark.timeout(300)
 def test_partition_handling_ignore(urls: list[str]) -> None:
-    done = check_partition(urls)
+    done = check(urls, "--rabbitmqctl", f"{SCRIPT} --version {VERSION} ctl 2")
     partition = [line for line in done.stdout.splitlines() if "partition" in line]
     prefix = f"t-{uuid.uuid4().hex[:10]}."
     cut_side = RabbitMQBackend(urls[0], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
