@@ -66,6 +66,7 @@ _LINE_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): ")
 _MOVED = re.compile(r"claims (?:on RabbitMQ at (\S+)|moved from RabbitMQ at (\S+) to (\S+))")
 _PORT = re.compile(r":(\d+)/")
 _HOME = re.compile(r"<([^.<>]+@[^.<>]+)\.")
+_RUN = re.compile(r"job '(job-\d+)' slot (\d+):")
 
 
 def say(text: str) -> None:
@@ -203,8 +204,8 @@ class Line:
         # A quorum task queue: on the cluster it outlives a node.
         tally = Tally(f"{self.prefix}tasks", ";".join(self.broker.urls), {"x-queue-type": "quorum"})
         tally.start()
-        if not tally.ready.wait(60):
-            raise RuntimeError(f"{self.kind}: the task queue's consumer did not start")
+        if not tally.ready.wait(180):  # a quorum queue on a cluster just formed can take a while
+            raise RuntimeError(f"{self.kind}: the task queue's consumer did not start ({tally.error!r})")
         procs = []
         try:
             for index in range(self.args.instances):
@@ -338,7 +339,33 @@ class Line:
             "moves": len(moves["delays"]),
             "move_max_s": round(max(moves["delays"]), 2) if moves["delays"] else None,
             "never_moved": moves["never"],
+            **self._causes(missed),
         }
+
+    def _causes(self, missed: list[tuple[str, int]]) -> dict[str, Any]:
+        """Why each missed run was missed, from what the beats logged about it: the answer to
+        its claim was lost with its connection (the claim may have filled the gate: never
+        claimed again, by the seed's rule), its task was written but not confirmed (never sent
+        twice), or nothing that says (``other``)."""
+        said: dict[tuple[str, int], list[str]] = {}
+        for index in range(self.args.instances):
+            for line in self.log(index).read_text(errors="replace").splitlines():
+                found = _RUN.search(line)
+                if found:
+                    said.setdefault((found.group(1), int(found.group(2))), []).append(line)
+        causes: Counter[str] = Counter()
+        runs = []
+        for job, slot in missed:
+            lines = said.get((job, slot), [])
+            if any("won, but sending task" in line for line in lines):
+                cause = "task_unconfirmed"
+            elif any("no answer to the claim" in line for line in lines):
+                cause = "claim_answer_lost"
+            else:
+                cause = "other"
+            causes[cause] += 1
+            runs.append(f"{job}@{slot} on {self.homes.get(f'{self.prefix}{job}.slot.{slot}', '?')}: {cause}")
+        return {"missed_causes": dict(causes), "missed_runs": runs[:20]}
 
     def _moves(self) -> dict[str, Any]:
         """For each fault, each instance whose claims were on the downed node then: the seconds

@@ -47,6 +47,7 @@ class Tally(threading.Thread):
         self._seen: set[str] = set()
         self._halt = threading.Event()
         self.ready = threading.Event()
+        self.error: BaseException | None = None  # the last failure to consume, for a report
 
     def run(self) -> None:
         from kombu import Connection, Consumer, Exchange, Queue
@@ -63,7 +64,8 @@ class Tally(threading.Thread):
                                 conn.drain_events(timeout=0.5)
                             except TimeoutError:
                                 pass
-            except Exception:  # noqa: BLE001 - a cut or a broker restart: connect again
+            except Exception as exc:  # noqa: BLE001 - a cut or a broker restart: connect again
+                self.error = exc
                 time.sleep(0.5)
 
     def _on_message(self, body: Any, message: Any) -> None:

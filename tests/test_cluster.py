@@ -92,6 +92,40 @@ def test_a_gate_on_a_killed_node_is_away_and_costs_no_other_run(
         rival.close()
 
 
+class _StopsNode1AfterDeclaring(RabbitMQBackend):
+    """Stops node 1 cleanly between its gates' declare-ok and its claims."""
+
+    def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:
+        verdicts = super()._declare_gates(gates)
+        cluster("stop-node", "1")
+        return verdicts
+
+
+@pytest.mark.timeout(300)
+def test_a_gate_whose_node_stops_between_its_declare_and_its_claim_is_away(urls: list[str]) -> None:
+    """A gate made on node 1 (declared ahead by another instance), declared again by a claim from
+    node 2, then node 1 stopped before the claim is published: the claim comes back as if the
+    run were lost (3.10 returns it, RabbitMQ 4 nacks it), but the gate's node is down, so the run
+    is AWAY and is won once node 1 is back."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}."
+    ahead = RabbitMQBackend(urls, prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)  # on node 1
+    claimer = _StopsNode1AfterDeclaring(urls[1:], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    late = RabbitMQBackend(urls[1:], prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=2)
+    run = Claim("job", 1)
+    try:
+        ahead.prepare([run])
+        ahead.await_prepared(10)
+        claimer.open()
+        try:
+            assert claimer.claim([run], "a") == [Outcome.AWAY]
+        finally:
+            cluster("start-node", "1")
+        assert decided(late, [run], "a") == [Outcome.WON]
+    finally:
+        for backend in (ahead, claimer, late):
+            backend.close()
+
+
 @pytest.mark.timeout(300)
 def test_check_reads_every_node_and_the_partition_handling(urls: list[str]) -> None:
     done = check(urls, "--rabbitmqctl", f"{SCRIPT} --version {VERSION} ctl 2")

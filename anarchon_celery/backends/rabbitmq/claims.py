@@ -162,7 +162,6 @@ class Claimer:
                 raw = self.link.connect(left)
                 # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
                 undeclared = [gate for _, gate in claims if gate not in ready and gate not in self.away]
-                ahead = [gate for _, gate in claims if gate in ready]
                 declared = dict(zip(undeclared, self.declare_gates(undeclared)))
                 known_away = [gate for _, gate in claims if gate in self.away and gate not in ready]
                 if known_away:  # after the others: those are not held up by them
@@ -197,7 +196,7 @@ class Claimer:
         if not to_publish:
             return set()
         unanswered, returned = self._publish(raw, to_publish, instance, outcomes, last=last, on_won=on_won)
-        self._find_away(ahead, outcomes, returned)
+        self._find_away([gate for _, gate in to_publish], outcomes, returned)
         for claim, gate in to_publish:
             if gate in returned and outcomes[gate] is Outcome.UNDECIDED:
                 logger.warning(
@@ -208,17 +207,20 @@ class Claimer:
                 )
         return unanswered
 
-    def _find_away(self, ahead: list[str], outcomes: dict[str, Outcome], returned: set[str]) -> None:
-        """Turn the claims turned down by gates declared ahead into ``AWAY`` where the gate's node
-        is down. Such a gate was not declared just before its claim, so a claim it turns down
-        (RabbitMQ 4 nacks it, 3.x returns it) may have met a node that went away meanwhile, not
-        another instance's claim. A gate declared by this claim answered: its node was there.
-        With one node, a gate cannot be away while the connection to it lives: nothing to do."""
+    def _find_away(self, published: list[str], outcomes: dict[str, Outcome], returned: set[str]) -> None:
+        """Turn the claims turned down because their gate's node went away into ``AWAY``, where a
+        passive declare of the gate finds its node down: RabbitMQ 4 nacks a claim into a down
+        node's gate and 3.x returns it, as if another instance held the run or the gate had
+        expired. A gate declared ahead was last seen alive long before; one declared by this
+        very claim may have gone between its declare-ok and the claim (a node stopped). The
+        probes are pipelined: one more round trip for the batch's losers, after the wins are
+        reported. With one node, a gate cannot be away while the connection to it lives:
+        nothing to do."""
         if not self.link.several_nodes:
             return
         suspects = [
             g
-            for g in ahead
+            for g in published
             if outcomes.get(g) is Outcome.LOST or (g in returned and outcomes.get(g) is Outcome.UNDECIDED)
         ]
         if not suspects:
