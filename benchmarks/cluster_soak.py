@@ -346,7 +346,8 @@ class Line:
         """Why each missed run was missed, from what the beats logged about it: the answer to
         its claim was lost with its connection (the claim may have filled the gate: never
         claimed again, by the seed's rule), its task was written but not confirmed (never sent
-        twice), or nothing that says (``other``)."""
+        twice), its gate was gone when claimed (a node that lost it in a crash; never declared
+        again, since a gate gone may have held a win), or nothing that says (``other``)."""
         said: dict[tuple[str, int], list[str]] = {}
         for index in range(self.args.instances):
             for line in self.log(index).read_text(errors="replace").splitlines():
@@ -361,6 +362,8 @@ class Line:
                 cause = "task_unconfirmed"
             elif any("no answer to the claim" in line for line in lines):
                 cause = "claim_answer_lost"
+            elif any("returned as unroutable" in line for line in lines):
+                cause = "gate_vanished"
             else:
                 cause = "other"
             causes[cause] += 1
