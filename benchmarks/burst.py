@@ -10,7 +10,9 @@ task queue (not by a worker) from the slot to the arrival of the last task, take
   beforehand, each then publishing the tasks of the claims it won, pipelined and confirmed;
 * ``anarchon_celery``: ``--instances`` ``celery beat -S anarchon_celery.Scheduler`` processes,
   jitter 0, gates declared ahead (``anarchon_lead_ms``), no history by default (``--history-size``);
-* ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules.
+* ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules;
+* ``sqlite`` (with ``--only ...,sqlite``): the ``--instances`` beats deciding their runs in one
+  SQLite file instead of RabbitMQ, the tasks still on RabbitMQ.
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
 round's measurements and their median.
@@ -168,13 +170,14 @@ def bare_floor(args: argparse.Namespace) -> dict[str, Any]:
 # -- the schedulers -------------------------------------------------------------------------------
 
 
-def scheduler_run(impl: str, instances: int, args: argparse.Namespace) -> dict[str, Any]:
+def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq") -> dict[str, Any]:
     prefix = f"bench-burst-{impl}-{uuid.uuid4().hex[:6]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-burst-"))
     env = bench_env(
         BURST_PREFIX=prefix,
         BURST_JOBS=str(args.jobs),
         BURST_IMPL=impl,
+        BURST_BACKEND=f"sqlite:///{tmp / 'anarchon.db'}" if backend == "sqlite" else "",
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -196,6 +199,8 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace) -> dict[s
         tally.stop()
         delete_prefixed(prefix, BROKER)
     name = f"anarchon_celery x{instances}" if impl == "anarchon" else "plain celery beat x1"
+    if backend == "sqlite":
+        name += " on SQLite"
     if not args.keep_logs:
         remove_dir(tmp)
     return {"scheduler": name, **result, "startup s": round(startup_s, 1)}
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         help="anarchon_history_size (default 0, no history: a stream per job, 1,000 of them, needs about "
         "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
     )
-    parser.add_argument("--only", default="bare,anarchon,beat")
+    parser.add_argument("--only", default="bare,anarchon,beat", help="any of bare, anarchon, beat, sqlite")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -227,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["BURST_HISTORY_SIZE"] = str(args.history_size)
     rows = []
     only = args.only.split(",")
-    ratios: dict[str, list[float]] = {"anarchon / bare floor": [], "plain beat / anarchon": []}
+    ratios: dict[str, list[float]] = {
+        "anarchon / bare floor": [],
+        "plain beat / anarchon": [],
+        "anarchon on SQLite / anarchon": [],
+    }
     for round_ in range(1, args.rounds + 1):
         by_name: dict[str, dict[str, Any]] = {}
         if "bare" in only:
@@ -236,19 +245,29 @@ def main(argv: list[str] | None = None) -> int:
             by_name["ours"] = scheduler_run("anarchon", args.instances, args)
         if "beat" in only:
             by_name["beat"] = scheduler_run("beat", 1, args)
+        if "sqlite" in only:
+            by_name["sqlite"] = scheduler_run("anarchon", args.instances, args, backend="sqlite")
         rows += [{"round": round_, **row} for row in by_name.values()]
         last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
         if "ours" in last and "floor" in last:
             ratios["anarchon / bare floor"].append(last["ours"] / last["floor"])
         if "ours" in last and "beat" in last:
             ratios["plain beat / anarchon"].append(last["beat"] / last["ours"])
+        if "ours" in last and "sqlite" in last:
+            ratios["anarchon on SQLite / anarchon"].append(last["sqlite"] / last["ours"])
     summary: dict[str, Any] = {}
     for name, values in ratios.items():
         if values:
             summary[f"{name}, median of {len(values)}"] = statistics.median(values)
             summary[f"{name}, each round"] = ", ".join(f"{v:.2f}" for v in values)
-    for name in ("bare", "anarchon_celery", "plain"):
-        lasts = [row["last s"] for row in rows if row["scheduler"].startswith(name) and row["last s"]]
+    kinds = {
+        "bare": lambda n: n.startswith("bare"),
+        "anarchon_celery": lambda n: n.startswith("anarchon_celery") and not n.endswith("on SQLite"),
+        "anarchon_celery on SQLite": lambda n: n.endswith("on SQLite"),
+        "plain": lambda n: n.startswith("plain"),
+    }
+    for name, kind in kinds.items():
+        lasts = [row["last s"] for row in rows if kind(row["scheduler"]) and row["last s"]]
         if lasts:
             summary[f"{name} last s, median of {len(lasts)}"] = statistics.median(lasts)
     report("burst", rows, summary)

@@ -9,12 +9,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kombu import Connection
 
-from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
+from anarchon_celery import (
+    BrokerError,
+    Claim,
+    ConfigError,
+    MemoryBackend,
+    Outcome,
+    RabbitMQBackend,
+    SQLiteBackend,
+    clock,
+)
 from anarchon_celery.backends import Backend
 from anarchon_celery.backends.rabbitmq import (
     ahead,
@@ -38,14 +48,23 @@ def rabbit(broker_url: str, prefix: str, **kwargs: Any) -> RabbitMQBackend:
     return backend
 
 
-@pytest.fixture(params=["rabbitmq", "memory"])
-def make_backend(request: pytest.FixtureRequest, broker_url: str, prefix: str) -> Iterator[Any]:
+@pytest.fixture(params=["rabbitmq", "memory", "sqlite"])
+def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Factory of backends that share their claims (as instances of one deployment would)."""
     made: list[Backend] = []
     shared_memory = MemoryBackend(prefix=prefix)
+    if request.param == "rabbitmq":
+        broker_url = request.getfixturevalue("broker_url")
 
     def make() -> Backend:
-        backend: Backend = rabbit(broker_url, prefix) if request.param == "rabbitmq" else shared_memory
+        backend: Backend
+        if request.param == "rabbitmq":
+            backend = rabbit(broker_url, prefix)
+        elif request.param == "sqlite":
+            backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix)
+            backend.open()
+        else:
+            backend = shared_memory
         made.append(backend)
         return backend
 
@@ -104,14 +123,22 @@ def test_a_slow_listener_does_not_turn_wins_into_timeouts(broker_url: str, prefi
 def test_a_claim_past_its_deadline_is_never_made(make_backend: Any) -> None:
     backend = make_backend()
     now = clock.now_ms()
-    claims = [Claim("job", 1, deadline_ms=now - 1), Claim("job", 2, deadline_ms=now + 60_000), Claim("job", 3)]
+    claims = [Claim("late", 1, deadline_ms=now - 1), Claim("job", 2, deadline_ms=now + 60_000), Claim("job", 3)]
     assert backend.claim(claims, "a") == [Outcome.UNDECIDED, Outcome.WON, Outcome.WON]
-    assert make_backend().claim([Claim("job", 1)], "b") == [Outcome.WON]  # nobody holds slot 1
+    assert make_backend().claim([Claim("late", 1)], "b") == [Outcome.WON]  # nobody holds it
+
+
+def test_a_run_decided_is_never_won_again_however_late(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    assert a.claim([Claim("job", 5_000)], "a") == [Outcome.WON]
+    assert b.claim([Claim("job", 5_000)], "b") == [Outcome.LOST]
+    if not a.forgets_runs:  # decided in slot order: an earlier slot never claimed is passed over
+        assert b.claim([Claim("job", 4_000), Claim("job", 6_000)], "b") == [Outcome.LOST, Outcome.WON]
 
 
 def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
     backend = make_backend()
-    claims = [Claim(job, slot) for job in ("a", "b", "a-b", "a_b") for slot in (0, 1, 10**13)]
+    claims = [Claim(job, slot) for job in ("a", "b", "a-b", "a_b") for slot in (0, 1, clock.now_ms() - 1)]
     assert backend.claim(claims, "i") == [Outcome.WON] * len(claims)
 
 
@@ -758,12 +785,20 @@ def test_streams_are_available(broker_url: str, prefix: str) -> None:
 DAILY = {"task": "t.report", "schedule": "cron '0 3 * * *' Europe/Paris", "args": "()"}
 
 
-@pytest.mark.parametrize("kind", ["rabbitmq", "memory"])
+@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite"])
 def test_instances_that_define_a_job_differently_both_say_so(
-    kind: str, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    kind: str, request: pytest.FixtureRequest, prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     shared = MemoryBackend(prefix=prefix)
-    a, b = (rabbit(broker_url, prefix), rabbit(broker_url, prefix)) if kind == "rabbitmq" else (shared, shared)
+    a: Backend
+    b: Backend
+    if kind == "rabbitmq":
+        broker_url = request.getfixturevalue("broker_url")
+        a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
+    elif kind == "sqlite":
+        a, b = SQLiteBackend(tmp_path / "a.db", prefix=prefix), SQLiteBackend(tmp_path / "a.db", prefix=prefix)
+    else:
+        a, b = shared, shared
     tokyo = dict(DAILY, schedule="cron '0 3 * * *' Asia/Tokyo")
     with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
         a.share_definitions("old:1", {"report": DAILY, "same": DAILY, "gone": DAILY})
@@ -784,6 +819,5 @@ def test_instances_that_define_a_job_differently_both_say_so(
         "schedule cron '0 3 * * *' Europe/Paris here, cron '0 3 * * *' Asia/Tokyo there" in line for line in lines
     )
     assert any("job 'gone' is defined differently by instance old:1: it runs it, and this" in line for line in lines)
-    if kind == "rabbitmq":
-        a.close()
-        b.close()
+    a.close()
+    b.close()

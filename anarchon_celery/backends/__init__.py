@@ -9,8 +9,9 @@ from ..settings import Settings
 from .base import Backend, Claim, Outcome
 from .memory import MemoryBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
+from .sqlite import SQLiteBackend
 
-__all__ = ["Backend", "Claim", "MemoryBackend", "Outcome", "RabbitMQBackend", "backend_for"]
+__all__ = ["Backend", "Claim", "MemoryBackend", "Outcome", "RabbitMQBackend", "SQLiteBackend", "backend_for"]
 
 #: ``memory://`` backends, one per (prefix, slot_ttl_ms), shared by the schedulers of a process.
 _MEMORY: dict[tuple[str, int], MemoryBackend] = {}
@@ -46,13 +47,15 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             if shared not in _MEMORY:
                 _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
             return _MEMORY[shared]
+        if scheme == "sqlite":
+            return SQLiteBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
         if scheme in AMQP_SCHEMES:
             return RabbitMQBackend(
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
             )
         raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, memory:// "
-            "(one process, for tests) or a Backend instance"
+            f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, sqlite:///file.db "
+            "(the instances of one host), memory:// (one process, for tests) or a Backend instance"
         )
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
         return RabbitMQBackend(

@@ -1,0 +1,481 @@
+"""SQLiteBackend: runs decided in one SQLite database file, for the instances of one host.
+
+Every beat instance (or ``worker -B``) of the host opens the same file. A claim is one
+``BEGIN IMMEDIATE`` transaction per batch, so the database's write lock orders the claims, and
+each job keeps a cursor: the latest slot decided. A run is won only while its slot is past the
+cursor, which moves to it, so a run decided once is never won again, however late an instance
+comes, and no safety rule binds ``max_late_ms`` to how long the runs are remembered. Times are
+read in the transaction from SQLite's own clock (the host's), never from the instance's, so an
+instance whose clock is wrong can neither win a run early nor win it twice.
+
+History events, and the instances' job definitions (see :mod:`.peers`), are rows of the same file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BrokerUnavailable, ConfigError
+from ..history import EVENTS_PER_RUN, decode_event
+from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .peers import Peers
+
+__all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
+
+logger = logging.getLogger(__name__)
+
+#: The store's clock, in epoch milliseconds, as SQLite reads it ('now' is fixed within a statement).
+_NOW = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+
+#: File systems on which SQLite's locks cannot be trusted across hosts (and often not at all).
+NETWORK_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "davfs"}
+)
+
+#: A claim found early by at most this much on the store's clock waits for its slot inside the
+#: claim; an earlier one is EARLY (its instance's clock is ahead), and is claimed again later.
+EARLY_WAIT_MS = 1_000
+
+SCHEMA = 1
+_TABLES = """
+CREATE TABLE IF NOT EXISTS anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS anarchon_jobs (
+    prefix TEXT NOT NULL, job TEXT NOT NULL,
+    cursor INTEGER NOT NULL,              -- every slot at or below it is decided
+    PRIMARY KEY (prefix, job)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS anarchon_runs (
+    prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
+    holder TEXT NOT NULL,                 -- the instance that runs it
+    token INTEGER NOT NULL,               -- fencing token: 1 for the first winner
+    state TEXT NOT NULL,                  -- claimed
+    decided_ms INTEGER NOT NULL,          -- the store's time of the win
+    deadline_ms INTEGER,                  -- the latest the run may be sent
+    PRIMARY KEY (prefix, job, slot)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
+CREATE TABLE IF NOT EXISTS anarchon_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prefix TEXT NOT NULL, job TEXT NOT NULL,
+    event TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
+CREATE TABLE IF NOT EXISTS anarchon_peers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prefix TEXT NOT NULL, instance TEXT NOT NULL,
+    announcement TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
+);
+"""
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite://`` URL, as SQLAlchemy reads it: ``sqlite:///app.db`` is relative
+    to the working directory, ``sqlite:////var/lib/app.db`` absolute."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///":
+        raise ConfigError(
+            f"invalid SQLite URL {url!r}: use sqlite:///relative/file.db or sqlite:////absolute/file.db "
+            "(a file on a local disk, shared by the instances of one host)"
+        )
+    path = url[len("sqlite:///") :].split("?", 1)[0]
+    if path in (":memory:", ""):
+        raise ConfigError(
+            f"{url!r}: an in-memory SQLite database is not shared between processes; use memory:// for tests, or a file"
+        )
+    return path
+
+
+def network_file_system(path: str | os.PathLike[str], mounts: str | None = None) -> str | None:
+    """The type of the network file system holding ``path`` (per ``/proc/mounts``, or the
+    ``mounts`` text given), or None: a local one, or none could be told."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    target = os.path.realpath(os.path.abspath(os.fspath(path)))
+    best, best_type = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, best_type = point, fields[2]
+    if best_type is None:
+        return None
+    base = best_type.split(".", 1)[1] if best_type.startswith("fuse.") else best_type
+    return best_type if base in NETWORK_FILE_SYSTEMS or best_type == "fuse.sshfs" else None
+
+
+class SQLiteBackend(Backend):
+    """Decides runs in a SQLite database file shared by the instances of one host.
+
+    Arguments:
+        path: the database file (created if need be, with its tables). It must be on a local
+            disk: SQLite's locks do not hold on a network file system, and one is refused when
+            it can be told (``/proc/mounts``).
+        prefix: the deployment's name in the file: several deployments may share one.
+        slot_ttl_ms: how long the record of a run won is kept (it serves nothing after its
+            send). Runs are never decided twice whatever it is: each job's cursor says so.
+        timeout: seconds a claim waits for the database's write lock (another process writing)
+            before its runs are given up as not decided.
+    """
+
+    forgets_runs = False
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        timeout: float = 5.0,
+    ) -> None:
+        self.prefix = check_prefix(prefix)
+        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.path = os.fspath(path)
+        self.timeout = float(timeout)
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._pid = 0
+        self._peers: Peers | None = None
+        self._heard = 0  # the last anarchon_peers row read
+        self._outage_since: float | None = None
+        self._missed = 0
+        self._pruned = 0.0
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> SQLiteBackend:
+        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+
+    # -- the connection -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            self._connection()
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open database (opened, or opened again in a forked child, whose parent's
+        connection must not be used). Raises BrokerUnavailable or ConfigError."""
+        if self._db is not None and self._pid == os.getpid():
+            return self._db
+        self._db = None
+        remote = network_file_system(self.path)  # the file's real place, through any symlink
+        if remote is not None:
+            raise ConfigError(
+                f"SQLite database {self.path} is on a network file system ({remote}), where SQLite's "
+                "locks do not hold: a run could be won twice. Put it on a local disk, or use the "
+                "Redis or PostgreSQL backend for instances on several hosts"
+            )
+        try:
+            db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ConfigError(f"SQLite database {self.path} cannot use write-ahead logging (journal mode {mode})")
+            # A run won must stay won through a power cut: FULL syncs the log at every commit.
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_TABLES)
+            db.execute(
+                "INSERT INTO anarchon_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING",
+                (str(SCHEMA),),
+            )
+            schema = db.execute("SELECT value FROM anarchon_meta WHERE key = 'schema'").fetchone()[0]
+            if schema != str(SCHEMA):
+                raise ConfigError(
+                    f"SQLite database {self.path} has anarchon schema {schema}; this release reads schema {SCHEMA}"
+                )
+        except sqlite3.Error as exc:
+            db.close()
+            raise BrokerUnavailable(f"cannot use SQLite database {self.path}: {exc}") from exc
+        except ConfigError:
+            db.close()
+            raise
+        self._db, self._pid = db, os.getpid()
+        return db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Any:
+        """One ``BEGIN IMMEDIATE`` transaction (the write lock taken at once): committed at the
+        end of the block, rolled back if it raises."""
+        with self._lock:
+            db = self._connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")  # a failed commit decides nothing: its runs are not won
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Note an outage of the database: logged once, and once more when it ends (with the runs missed)."""
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.error(
+                "anarchon: SQLite database %s cannot %s (%s: %s); runs due meanwhile are not run by this instance",
+                self.path,
+                what,
+                type(exc).__name__,
+                exc,
+            )
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            logger.warning(
+                "anarchon: SQLite database %s is back after %.1fs; %d run(s) were not claimed meanwhile",
+                self.path,
+                time.monotonic() - self._outage_since,
+                self._missed,
+            )
+            self._outage_since, self._missed = None, 0
+
+    def in_outage(self) -> bool:
+        return self._outage_since is not None
+
+    def missed(self, count: int) -> None:
+        self._missed += count
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        todo = list(range(len(claims)))
+        for _ in range(2):  # a second pass only for claims a little early on the store's clock
+            early: dict[int, int] = {}
+            try:
+                decided = self._decide([claims[i] for i in todo], instance)
+            except (sqlite3.Error, BrokerUnavailable) as exc:
+                self._failed("decide claims", exc)
+                self._missed += len(todo)
+                for i in todo:
+                    outcomes[i] = Outcome.UNDECIDED
+                break
+            self._recovered()
+            for i, (outcome, early_ms) in zip(todo, decided):
+                if outcome is Outcome.EARLY and early_ms <= EARLY_WAIT_MS:
+                    early[i] = early_ms
+                else:
+                    outcomes[i] = outcome
+                    if outcome is Outcome.WON and on_won is not None:
+                        _tell(on_won, claims[i])
+            if not early:
+                break
+            time.sleep(max(early.values()) / 1000)
+            todo = list(early)
+        for i in todo:
+            outcomes.setdefault(i, Outcome.EARLY)
+        self._prune()
+        return [outcomes[i] for i in range(len(claims))]
+
+    def _decide(self, claims: Sequence[Claim], instance: str) -> list[tuple[Outcome, int]]:
+        """Decide the claims in one transaction, each job's in slot order; returns each claim's
+        outcome and, for an EARLY one, by how many milliseconds."""
+        results: dict[int, tuple[Outcome, int]] = {}
+        order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
+        with self._transaction() as db:
+            now = db.execute(_NOW).fetchone()[0]
+            cursors: dict[str, int | None] = {}
+            for i in order:
+                claim = claims[i]
+                if claim.deadline_ms is not None and now > claim.deadline_ms:
+                    results[i] = (Outcome.UNDECIDED, 0)
+                    logger.warning(
+                        "anarchon: job %r slot %d: past its deadline by %d ms on the database's clock; "
+                        "not run by this instance",
+                        claim.job,
+                        claim.slot,
+                        now - claim.deadline_ms,
+                    )
+                    continue
+                if now < claim.slot:
+                    results[i] = (Outcome.EARLY, claim.slot - now)
+                    continue
+                if claim.job not in cursors:
+                    row = db.execute(
+                        "SELECT cursor FROM anarchon_jobs WHERE prefix = ? AND job = ?", (self.prefix, claim.job)
+                    ).fetchone()
+                    cursors[claim.job] = row[0] if row else None
+                cursor = cursors[claim.job]
+                if cursor is not None and cursor >= claim.slot:
+                    results[i] = (Outcome.LOST, 0)
+                    continue
+                db.execute(
+                    "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
+                    "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor",
+                    (self.prefix, claim.job, claim.slot),
+                )
+                db.execute(
+                    "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
+                    "deadline_ms) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?)",
+                    (self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms),
+                )
+                cursors[claim.job] = claim.slot
+                results[i] = (Outcome.WON, 0)
+        return [results[i] for i in range(len(claims))]
+
+    def holder(self, job: str, slot: int) -> str | None:
+        """The instance that won a run, while its record is kept: for tests and diagnostics."""
+        with self._lock:
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT holder FROM anarchon_runs WHERE prefix = ? AND job = ? AND slot = ?",
+                    (self.prefix, job, slot),
+                )
+                .fetchone()
+            )
+        return row[0] if row else None
+
+    def _prune(self) -> None:
+        """Forget the records of runs won more than ``slot_ttl_ms`` ago, about once a minute."""
+        if time.monotonic() - self._pruned < 60:
+            return
+        self._pruned = time.monotonic()
+        try:
+            with self._transaction() as db:
+                now = db.execute(_NOW).fetchone()[0]
+                db.execute(
+                    "DELETE FROM anarchon_runs WHERE prefix = ? AND decided_ms < ?",
+                    (self.prefix, now - self.slot_ttl_ms),
+                )
+        except (sqlite3.Error, BrokerUnavailable) as exc:
+            logger.info("anarchon: old run records not pruned from %s (%s)", self.path, exc)
+
+    # -- instances' definitions -----------------------------------------------------------------
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        peers = self._peers = Peers(instance, definitions)
+        try:
+            with self._transaction() as db:
+                now = db.execute(_NOW).fetchone()[0]
+                db.execute(
+                    "DELETE FROM anarchon_peers WHERE prefix = ? AND (instance = ? OR at_ms < ?)",
+                    (self.prefix, instance, now - 86_400_000),
+                )
+                db.execute(
+                    "INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) VALUES (?, ?, ?, ?)",
+                    (self.prefix, instance, peers.announcement(hello=False).decode(), now),
+                )
+            self._listen()
+        except (sqlite3.Error, BrokerUnavailable) as exc:
+            logger.info("anarchon: job definitions not shared through %s (%s)", self.path, exc)
+
+    def _listen(self) -> None:
+        """Hear the announcements written since the last look."""
+        peers = self._peers
+        if peers is None:
+            return
+        with self._lock:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
+                    (self.prefix, self._heard),
+                )
+                .fetchall()
+            )
+        for row_id, announcement in rows:
+            self._heard = row_id
+            peers.heard(announcement)
+
+    def maintain(self) -> None:
+        try:
+            self._listen()
+        except (sqlite3.Error, BrokerUnavailable) as exc:
+            logger.debug("anarchon: announcements not read from %s (%s)", self.path, exc)
+
+    # -- history --------------------------------------------------------------------------------
+
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        return self.record_many([(job, event, history_size)]) == 1
+
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        kept = [(job, event.decode(), size) for job, event, size in events if decode_event(event) is not None]
+        if not kept:
+            return 0
+        try:
+            with self._transaction() as db:
+                db.executemany(
+                    "INSERT INTO anarchon_events (prefix, job, event) VALUES (?, ?, ?)",
+                    [(self.prefix, job, event) for job, event, _ in kept],
+                )
+                for job, size in {job: size for job, _, size in kept}.items():
+                    db.execute(
+                        "DELETE FROM anarchon_events WHERE prefix = ? AND job = ? AND id <= "
+                        "(SELECT id FROM anarchon_events WHERE prefix = ? AND job = ? ORDER BY id DESC "
+                        "LIMIT 1 OFFSET ?)",
+                        (self.prefix, job, self.prefix, job, size * (EVENTS_PER_RUN + 1)),
+                    )
+        except (sqlite3.Error, BrokerUnavailable) as exc:
+            logger.warning("anarchon: %d history event(s) not written to %s (%s)", len(kept), self.path, exc)
+            return 0
+        return len(kept)
+
+    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
+        if not jobs:
+            return found
+        try:
+            with self._lock:
+                db = self._connection()
+                rows: Iterable[tuple[str, str]] = db.execute(
+                    f"SELECT job, event FROM anarchon_events WHERE prefix = ? AND job IN "
+                    f"({', '.join('?' * len(found))}) ORDER BY id",
+                    (self.prefix, *found),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot read history from SQLite database {self.path}: {exc}") from exc
+        for job, event in rows:
+            decoded = decode_event(event.encode())
+            if decoded is not None:
+                found[job].append(decoded)
+        return found
+
+    def check_claims(self) -> None:
+        """Take the write lock and let it go: a read-only file or directory fails here."""
+        try:
+            with self._transaction() as db:
+                db.execute("DELETE FROM anarchon_runs WHERE 0")
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot write to SQLite database {self.path}: {exc}") from exc
+
+    def store_now_ms(self) -> int:
+        """The store's clock: for tests and ``check``."""
+        with self._lock:
+            return int(self._connection().execute(_NOW).fetchone()[0])
+
+    def describe(self) -> str:
+        return f"SQLite database {self.path} (prefix {self.prefix!r})"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None and self._pid == os.getpid():
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.close()
+            self._db = None
+
+
+def _tell(on_won: Callable[[Claim], None], claim: Claim) -> None:
+    try:
+        on_won(claim)
+    except Exception:  # the run is won all the same
+        logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
