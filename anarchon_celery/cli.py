@@ -13,7 +13,6 @@ import datetime as dt
 import functools
 import json
 import shlex
-import sqlite3
 import subprocess
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import click
 
 from . import clock
-from .backends import RabbitMQBackend, SQLiteBackend
+from .backends import RabbitMQBackend, RedisBackend, SQLiteBackend
 from .backends.rabbitmq import survey
 from .control import (
     Deployment,
@@ -289,12 +288,11 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
     def broker() -> str:
         backend = holder["d"].backend
         backend.open()
-        version = getattr(backend, "server_version", None)
-        if version:
-            return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, version))}"
-        if isinstance(backend, SQLiteBackend):
+        if isinstance(backend, RabbitMQBackend):
+            return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, backend.server_version))}"
+        if isinstance(backend, (SQLiteBackend, RedisBackend)):  # the store's clock decides
             skew = clock.now_ms() - backend.store_now_ms()
-            shown = f"SQLite {sqlite3.sqlite_version}, write-ahead log; this host's clock {skew:+d} ms off the store's"
+            shown = f"{backend.store_version()}; this host's clock {skew:+d} ms off the store's"
             if abs(skew) > CLOCK_WARNING_MS:
                 raise Warned(f"{backend.describe()}: {shown}: runs are decided on the store's clock, check time sync")
             return f"{backend.describe()}: {shown}"

@@ -11,8 +11,9 @@ task queue (not by a worker) from the slot to the arrival of the last task, take
 * ``anarchon_celery``: ``--instances`` ``celery beat -S anarchon_celery.Scheduler`` processes,
   jitter 0, gates declared ahead (``anarchon_lead_ms``), no history by default (``--history-size``);
 * ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules;
-* ``sqlite`` (with ``--only ...,sqlite``): the ``--instances`` beats deciding their runs in one
-  SQLite file instead of RabbitMQ, the tasks still on RabbitMQ.
+* ``sqlite``, ``redis`` (with ``--only ...,sqlite,redis``): the ``--instances`` beats deciding
+  their runs in one SQLite file, or in the local Redis (``BENCH_REDIS``), instead of RabbitMQ; the
+  tasks still on RabbitMQ.
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
 round's measurements and their median.
@@ -48,6 +49,7 @@ from common import (
 )
 
 MINUTE = 60_000
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/6")
 
 
 def next_boundary(margin_ms: int) -> int:
@@ -170,6 +172,19 @@ def bare_floor(args: argparse.Namespace) -> dict[str, Any]:
 # -- the schedulers -------------------------------------------------------------------------------
 
 
+def delete_redis_keys(prefix: str) -> None:
+    """The keys a run on the Redis backend left (cursors, run records)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+    finally:
+        client.close()
+
+
 def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq") -> dict[str, Any]:
     prefix = f"bench-burst-{impl}-{uuid.uuid4().hex[:6]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-burst-"))
@@ -177,7 +192,7 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: 
         BURST_PREFIX=prefix,
         BURST_JOBS=str(args.jobs),
         BURST_IMPL=impl,
-        BURST_BACKEND=f"sqlite:///{tmp / 'anarchon.db'}" if backend == "sqlite" else "",
+        BURST_BACKEND={"sqlite": f"sqlite:///{tmp / 'anarchon.db'}", "redis": REDIS}.get(backend, ""),
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -198,9 +213,11 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: 
             stop(proc)
         tally.stop()
         delete_prefixed(prefix, BROKER)
+        if backend == "redis":
+            delete_redis_keys(prefix)
     name = f"anarchon_celery x{instances}" if impl == "anarchon" else "plain celery beat x1"
-    if backend == "sqlite":
-        name += " on SQLite"
+    if backend != "rabbitmq":
+        name += {"sqlite": " on SQLite", "redis": " on Redis"}[backend]
     if not args.keep_logs:
         remove_dir(tmp)
     return {"scheduler": name, **result, "startup s": round(startup_s, 1)}
@@ -218,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         help="anarchon_history_size (default 0, no history: a stream per job, 1,000 of them, needs about "
         "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
     )
-    parser.add_argument("--only", default="bare,anarchon,beat", help="any of bare, anarchon, beat, sqlite")
+    parser.add_argument("--only", default="bare,anarchon,beat", help="any of bare, anarchon, beat, sqlite, redis")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -236,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "anarchon / bare floor": [],
         "plain beat / anarchon": [],
         "anarchon on SQLite / anarchon": [],
+        "anarchon on Redis / anarchon": [],
     }
     for round_ in range(1, args.rounds + 1):
         by_name: dict[str, dict[str, Any]] = {}
@@ -245,16 +263,18 @@ def main(argv: list[str] | None = None) -> int:
             by_name["ours"] = scheduler_run("anarchon", args.instances, args)
         if "beat" in only:
             by_name["beat"] = scheduler_run("beat", 1, args)
-        if "sqlite" in only:
-            by_name["sqlite"] = scheduler_run("anarchon", args.instances, args, backend="sqlite")
+        for store in ("sqlite", "redis"):
+            if store in only:
+                by_name[store] = scheduler_run("anarchon", args.instances, args, backend=store)
         rows += [{"round": round_, **row} for row in by_name.values()]
         last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
         if "ours" in last and "floor" in last:
             ratios["anarchon / bare floor"].append(last["ours"] / last["floor"])
         if "ours" in last and "beat" in last:
             ratios["plain beat / anarchon"].append(last["beat"] / last["ours"])
-        if "ours" in last and "sqlite" in last:
-            ratios["anarchon on SQLite / anarchon"].append(last["sqlite"] / last["ours"])
+        for store, label in (("sqlite", "SQLite"), ("redis", "Redis")):
+            if "ours" in last and store in last:
+                ratios[f"anarchon on {label} / anarchon"].append(last[store] / last["ours"])
     summary: dict[str, Any] = {}
     for name, values in ratios.items():
         if values:
@@ -262,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"{name}, each round"] = ", ".join(f"{v:.2f}" for v in values)
     kinds = {
         "bare": lambda n: n.startswith("bare"),
-        "anarchon_celery": lambda n: n.startswith("anarchon_celery") and not n.endswith("on SQLite"),
+        "anarchon_celery": lambda n: n.startswith("anarchon_celery") and " on " not in n,
         "anarchon_celery on SQLite": lambda n: n.endswith("on SQLite"),
+        "anarchon_celery on Redis": lambda n: n.endswith("on Redis"),
         "plain": lambda n: n.startswith("plain"),
     }
     for name, kind in kinds.items():

@@ -22,6 +22,7 @@ from anarchon_celery import (
     MemoryBackend,
     Outcome,
     RabbitMQBackend,
+    RedisBackend,
     SQLiteBackend,
     clock,
 )
@@ -48,18 +49,24 @@ def rabbit(broker_url: str, prefix: str, **kwargs: Any) -> RabbitMQBackend:
     return backend
 
 
-@pytest.fixture(params=["rabbitmq", "memory", "sqlite"])
+@pytest.fixture(params=["rabbitmq", "memory", "sqlite", "redis"])
 def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Factory of backends that share their claims (as instances of one deployment would)."""
     made: list[Backend] = []
     shared_memory = MemoryBackend(prefix=prefix)
     if request.param == "rabbitmq":
         broker_url = request.getfixturevalue("broker_url")
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")  # its keys deleted after the test
 
     def make() -> Backend:
         backend: Backend
         if request.param == "rabbitmq":
             backend = rabbit(broker_url, prefix)
+        elif request.param == "redis":
+            backend = RedisBackend(redis_url, prefix=prefix)
+            backend.open()
         elif request.param == "sqlite":
             backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix)
             backend.open()
@@ -785,7 +792,7 @@ def test_streams_are_available(broker_url: str, prefix: str) -> None:
 DAILY = {"task": "t.report", "schedule": "cron '0 3 * * *' Europe/Paris", "args": "()"}
 
 
-@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite"])
+@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite", "redis"])
 def test_instances_that_define_a_job_differently_both_say_so(
     kind: str, request: pytest.FixtureRequest, prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -797,6 +804,9 @@ def test_instances_that_define_a_job_differently_both_say_so(
         a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
     elif kind == "sqlite":
         a, b = SQLiteBackend(tmp_path / "a.db", prefix=prefix), SQLiteBackend(tmp_path / "a.db", prefix=prefix)
+    elif kind == "redis":
+        redis_url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
+        a, b = RedisBackend(redis_url, prefix=prefix), RedisBackend(redis_url, prefix=prefix)
     else:
         a, b = shared, shared
     tokyo = dict(DAILY, schedule="cron '0 3 * * *' Asia/Tokyo")

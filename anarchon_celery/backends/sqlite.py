@@ -363,45 +363,50 @@ class SQLiteBackend(Backend):
     # -- instances' definitions -----------------------------------------------------------------
 
     def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
-        peers = self._peers = Peers(instance, definitions)
+        """Say hello with our definitions (a row); the instances running answer with theirs when
+        they next wake (an announcement of an instance long gone is never read)."""
+        self._peers = Peers(instance, definitions)
         try:
-            with self._transaction() as db:
-                now = db.execute(_NOW).fetchone()[0]
-                db.execute(
-                    "DELETE FROM anarchon_peers WHERE prefix = ? AND (instance = ? OR at_ms < ?)",
-                    (self.prefix, instance, now - 86_400_000),
-                )
-                db.execute(
-                    "INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) VALUES (?, ?, ?, ?)",
-                    (self.prefix, instance, peers.announcement(hello=False).decode(), now),
-                )
-            self._listen()
+            self._heard = self._announce(hello=True)
         except (sqlite3.Error, BrokerUnavailable) as exc:
             logger.info("anarchon: job definitions not shared through %s (%s)", self.path, exc)
 
-    def _listen(self) -> None:
-        """Hear the announcements written since the last look."""
+    def _announce(self, *, hello: bool) -> int:
+        """Write our announcement (and forget those over a day old); returns its row id."""
+        peers = self._peers
+        assert peers is not None
+        peers.answer_due = False
+        with self._transaction() as db:
+            now = db.execute(_NOW).fetchone()[0]
+            db.execute("DELETE FROM anarchon_peers WHERE prefix = ? AND at_ms < ?", (self.prefix, now - 86_400_000))
+            cursor = db.execute(
+                "INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) VALUES (?, ?, ?, ?)",
+                (self.prefix, peers.instance, peers.announcement(hello=hello).decode(), now),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def maintain(self) -> None:
+        """Hear the announcements written since the last look, and answer a hello."""
         peers = self._peers
         if peers is None:
             return
-        with self._lock:
-            rows = (
-                self._connection()
-                .execute(
-                    "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
-                    (self.prefix, self._heard),
-                )
-                .fetchall()
-            )
-        for row_id, announcement in rows:
-            self._heard = row_id
-            peers.heard(announcement)
-
-    def maintain(self) -> None:
         try:
-            self._listen()
+            with self._lock:
+                rows = (
+                    self._connection()
+                    .execute(
+                        "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
+                        (self.prefix, self._heard),
+                    )
+                    .fetchall()
+                )
+            for row_id, announcement in rows:
+                self._heard = row_id
+                peers.heard(announcement)
+            if peers.answer_due:
+                self._announce(hello=False)
         except (sqlite3.Error, BrokerUnavailable) as exc:
-            logger.debug("anarchon: announcements not read from %s (%s)", self.path, exc)
+            logger.debug("anarchon: announcements not shared through %s (%s)", self.path, exc)
 
     # -- history --------------------------------------------------------------------------------
 
@@ -462,6 +467,10 @@ class SQLiteBackend(Backend):
         """The store's clock: for tests and ``check``."""
         with self._lock:
             return int(self._connection().execute(_NOW).fetchone()[0])
+
+    def store_version(self) -> str:
+        """What the store is, for ``check``."""
+        return f"SQLite {sqlite3.sqlite_version}, write-ahead log"
 
     def describe(self) -> str:
         return f"SQLite database {self.path} (prefix {self.prefix!r})"
