@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from anarchon_celery import BrokerUnavailable, Claim, ConfigError, Outcome, SQLiteBackend
-from anarchon_celery.backends.sqlite import EARLY_WAIT_MS, network_file_system, sqlite_path
+from anarchon_celery.backends.sqlite import network_file_system, sqlite_path
+from anarchon_celery.backends.store import EARLY_WAIT_MS
 
 
 def _open(path: Path, **kwargs: Any) -> SQLiteBackend:

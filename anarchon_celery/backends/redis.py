@@ -17,22 +17,20 @@ Needs redis-py (``pip install anarchon_celery[redis]``) and Redis 5 or newer.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigError
 from ..history import EVENTS_PER_RUN, decode_event
-from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .base import Claim, Outcome
 from .peers import Peers
+from .store import StoreBackend
 
 __all__ = ["REDIS_SCHEMES", "RedisBackend"]
 
 logger = logging.getLogger(__name__)
 
 REDIS_SCHEMES = ("redis", "rediss")
-#: A claim found early by at most this much on Redis's clock waits for its slot inside the claim.
-EARLY_WAIT_MS = 1_000
 #: Announcements of job definitions kept in the stream (a few per instance start).
 PEERS_KEPT = 1_000
 
@@ -86,20 +84,22 @@ def _redis() -> Any:
     return redis
 
 
-class RedisBackend(Backend):
+class RedisBackend(StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
         url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS).
         client: your own ``redis.Redis``; you keep ownership, it is never closed here. Give it a
-            ``socket_timeout``, or a Redis that stops answering can hold a claim up.
+            ``socket_timeout``, or a Redis that stops answering can hold a claim up, and no
+            retries (``retry=Retry(NoBackoff(), 0)``): redis-py sending a claim again by itself
+            after its answer was lost makes the run lost rather than won.
         prefix: prefix of every key.
         slot_ttl_ms: how long the record of a run won is kept. Runs are never decided twice
             whatever it is: each job's cursor says so.
         timeout: seconds any answer of Redis is awaited (connect and read).
     """
 
-    forgets_runs = False
+    clock_name = "Redis's clock"
 
     def __init__(
         self,
@@ -110,11 +110,7 @@ class RedisBackend(Backend):
         slot_ttl_ms: int = 300_000,
         timeout: float = 5.0,
     ) -> None:
-        self.prefix = check_prefix(prefix)
-        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        self.timeout = float(timeout)
+        super().__init__(prefix, slot_ttl_ms, timeout)
         redis = _redis()
         if client is None:
             if not isinstance(url, str) or url.split("://", 1)[0] not in REDIS_SCHEMES:
@@ -139,11 +135,11 @@ class RedisBackend(Backend):
         self.client = client
         self._errors: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._refused = redis.ResponseError
+        self.answer_lost_errors = self._errors
+        self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
         self._claim_script = client.register_script(_CLAIM)
         self._peers: Peers | None = None
         self._heard = "$"
-        self._outage_since: float | None = None
-        self._missed = 0
         self._checked = False
         self.server_version: tuple[int, ...] = ()
         self._version_text = "?"
@@ -188,86 +184,18 @@ class RedisBackend(Backend):
                 policy,
             )
 
-    def _failed(self, what: str, exc: BaseException) -> None:
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            logger.error(
-                "anarchon: %s cannot %s (%s: %s); runs due meanwhile are not run by this instance",
-                self.describe(),
-                what,
-                type(exc).__name__,
-                exc,
-            )
-
-    def _recovered(self) -> None:
-        if self._outage_since is not None:
-            logger.warning(
-                "anarchon: %s is back after %.1fs; %d run(s) were not claimed meanwhile",
-                self.describe(),
-                time.monotonic() - self._outage_since,
-                self._missed,
-            )
-            self._outage_since, self._missed = None, 0
-
-    def in_outage(self) -> bool:
-        return self._outage_since is not None
-
-    def missed(self, count: int) -> None:
-        self._missed += count
-
     # -- claims ---------------------------------------------------------------------------------
 
-    def claim(
-        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
-    ) -> list[Outcome]:
-        outcomes: dict[int, Outcome] = {}
-        todo = list(range(len(claims)))
-        recover = waited = False
-        while todo:
-            try:
-                answers = self._decide([claims[i] for i in todo], instance, recover)
-            except self._errors as exc:
-                if not recover:  # once more, on a new connection: a win whose answer was lost is found
-                    recover = True
-                    logger.info("anarchon: claiming again on a new connection to %s (%s)", self.describe(), exc)
-                    continue
-                self._failed("decide claims", exc)
-                self._missed += len(todo)
-                break
-            except self._refused as exc:  # a read-only replica, out of memory, scripts refused
-                self._failed("decide claims", exc)
-                self._missed += len(todo)
-                break
-            self._recovered()
-            soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
-            for i, answer in zip(todo, answers):
-                outcome, _, amount = answer.decode().partition(":")
-                if outcome == "early" and not waited and int(amount) <= EARLY_WAIT_MS:
-                    soon.append((i, int(amount)))
-                    continue
-                outcomes[i] = Outcome(outcome)
-                if outcome == "undecided":
-                    logger.warning(
-                        "anarchon: job %r slot %d: past its deadline by %s ms on Redis's clock; "
-                        "not run by this instance",
-                        claims[i].job,
-                        claims[i].slot,
-                        amount,
-                    )
-                elif outcome == "won" and on_won is not None:
-                    _tell(on_won, claims[i])
-            if not soon:
-                break
-            time.sleep(max(ms for _, ms in soon) / 1000)
-            waited = True
-            todo = [i for i, _ in soon]
-        return [outcomes.get(i, Outcome.UNDECIDED) for i in range(len(claims))]
-
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[bytes]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+        """One script for the batch (see ``_CLAIM``)."""
         args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0"]
         for claim in claims:
             args += [claim.job, str(claim.slot), str(claim.deadline_ms if claim.deadline_ms is not None else -1)]
-        return list(self._claim_script(args=args))
+        results = []
+        for answer in self._claim_script(args=args):
+            outcome, _, amount = answer.decode().partition(":")
+            results.append((Outcome(outcome), int(amount or 0)))
+        return results
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance that won a run, while its record is kept: for tests and diagnostics."""
@@ -373,10 +301,3 @@ class RedisBackend(Backend):
     def close(self) -> None:
         if self.owned:
             self.client.close()
-
-
-def _tell(on_won: Callable[[Claim], None], claim: Claim) -> None:
-    try:
-        on_won(claim)
-    except Exception:  # the run is won all the same
-        logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)

@@ -19,14 +19,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigError
 from ..history import EVENTS_PER_RUN, decode_event
-from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .base import Claim, Outcome
+from .ordered import decide
 from .peers import Peers
+from .store import StoreBackend
 
 __all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
 
@@ -39,10 +41,6 @@ _NOW = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGE
 NETWORK_FILE_SYSTEMS = frozenset(
     {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "davfs"}
 )
-
-#: A claim found early by at most this much on the store's clock waits for its slot inside the
-#: claim; an earlier one is EARLY (its instance's clock is ahead), and is claimed again later.
-EARLY_WAIT_MS = 1_000
 
 SCHEMA = 1
 _TABLES = """
@@ -117,7 +115,7 @@ def network_file_system(path: str | os.PathLike[str], mounts: str | None = None)
     return best_type if base in NETWORK_FILE_SYSTEMS or best_type == "fuse.sshfs" else None
 
 
-class SQLiteBackend(Backend):
+class SQLiteBackend(StoreBackend):
     """Decides runs in a SQLite database file shared by the instances of one host.
 
     Arguments:
@@ -131,7 +129,8 @@ class SQLiteBackend(Backend):
             before its runs are given up as not decided.
     """
 
-    forgets_runs = False
+    clock_name = "the database's clock"
+    failure_errors = (sqlite3.Error, BrokerUnavailable)
 
     def __init__(
         self,
@@ -141,19 +140,13 @@ class SQLiteBackend(Backend):
         slot_ttl_ms: int = 300_000,
         timeout: float = 5.0,
     ) -> None:
-        self.prefix = check_prefix(prefix)
-        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        super().__init__(prefix, slot_ttl_ms, timeout)
         self.path = os.fspath(path)
-        self.timeout = float(timeout)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
         self._peers: Peers | None = None
         self._heard = 0  # the last anarchon_peers row read
-        self._outage_since: float | None = None
-        self._missed = 0
         self._pruned = 0.0
 
     @classmethod
@@ -224,113 +217,33 @@ class SQLiteBackend(Backend):
                         db.execute("ROLLBACK")
                 raise
 
-    def _failed(self, what: str, exc: BaseException) -> None:
-        """Note an outage of the database: logged once, and once more when it ends (with the runs missed)."""
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            logger.error(
-                "anarchon: SQLite database %s cannot %s (%s: %s); runs due meanwhile are not run by this instance",
-                self.path,
-                what,
-                type(exc).__name__,
-                exc,
-            )
-
-    def _recovered(self) -> None:
-        if self._outage_since is not None:
-            logger.warning(
-                "anarchon: SQLite database %s is back after %.1fs; %d run(s) were not claimed meanwhile",
-                self.path,
-                time.monotonic() - self._outage_since,
-                self._missed,
-            )
-            self._outage_since, self._missed = None, 0
-
-    def in_outage(self) -> bool:
-        return self._outage_since is not None
-
-    def missed(self, count: int) -> None:
-        self._missed += count
-
     # -- claims ---------------------------------------------------------------------------------
 
-    def claim(
-        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
-    ) -> list[Outcome]:
-        outcomes: dict[int, Outcome] = {}
-        todo = list(range(len(claims)))
-        for _ in range(2):  # a second pass only for claims a little early on the store's clock
-            early: dict[int, int] = {}
-            try:
-                decided = self._decide([claims[i] for i in todo], instance)
-            except (sqlite3.Error, BrokerUnavailable) as exc:
-                self._failed("decide claims", exc)
-                self._missed += len(todo)
-                for i in todo:
-                    outcomes[i] = Outcome.UNDECIDED
-                break
-            self._recovered()
-            for i, (outcome, early_ms) in zip(todo, decided):
-                if outcome is Outcome.EARLY and early_ms <= EARLY_WAIT_MS:
-                    early[i] = early_ms
-                else:
-                    outcomes[i] = outcome
-                    if outcome is Outcome.WON and on_won is not None:
-                        _tell(on_won, claims[i])
-            if not early:
-                break
-            time.sleep(max(early.values()) / 1000)
-            todo = list(early)
-        for i in todo:
-            outcomes.setdefault(i, Outcome.EARLY)
-        self._prune()
-        return [outcomes[i] for i in range(len(claims))]
-
-    def _decide(self, claims: Sequence[Claim], instance: str) -> list[tuple[Outcome, int]]:
-        """Decide the claims in one transaction, each job's in slot order; returns each claim's
-        outcome and, for an EARLY one, by how many milliseconds."""
-        results: dict[int, tuple[Outcome, int]] = {}
-        order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+        """One ``BEGIN IMMEDIATE`` transaction: the cursors of the claims' jobs read, the claims
+        decided (:func:`.ordered.decide`), the wins written. (A local commit's answer is never
+        lost: ``recover`` is not needed.)"""
+        jobs = sorted({claim.job for claim in claims})
         with self._transaction() as db:
             now = db.execute(_NOW).fetchone()[0]
-            cursors: dict[str, int | None] = {}
-            for i in order:
-                claim = claims[i]
-                if claim.deadline_ms is not None and now > claim.deadline_ms:
-                    results[i] = (Outcome.UNDECIDED, 0)
-                    logger.warning(
-                        "anarchon: job %r slot %d: past its deadline by %d ms on the database's clock; "
-                        "not run by this instance",
-                        claim.job,
-                        claim.slot,
-                        now - claim.deadline_ms,
-                    )
-                    continue
-                if now < claim.slot:
-                    results[i] = (Outcome.EARLY, claim.slot - now)
-                    continue
-                if claim.job not in cursors:
-                    row = db.execute(
-                        "SELECT cursor FROM anarchon_jobs WHERE prefix = ? AND job = ?", (self.prefix, claim.job)
-                    ).fetchone()
-                    cursors[claim.job] = row[0] if row else None
-                cursor = cursors[claim.job]
-                if cursor is not None and cursor >= claim.slot:
-                    results[i] = (Outcome.LOST, 0)
-                    continue
-                db.execute(
-                    "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
-                    "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor",
-                    (self.prefix, claim.job, claim.slot),
-                )
-                db.execute(
-                    "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
-                    "deadline_ms) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?)",
-                    (self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms),
-                )
-                cursors[claim.job] = claim.slot
-                results[i] = (Outcome.WON, 0)
-        return [results[i] for i in range(len(claims))]
+            found = db.execute(
+                f"SELECT job, cursor FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
+                (self.prefix, *jobs),
+            ).fetchall()
+            cursors: dict[str, int | None] = dict(found)
+            results = decide(claims, now, cursors)
+            won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
+            db.executemany(
+                "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
+                "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor",
+                [(self.prefix, job, cursors[job]) for job in sorted({claim.job for claim in won})],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
+                "deadline_ms) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?)",
+                [(self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms) for claim in won],
+            )
+        return results
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance that won a run, while its record is kept: for tests and diagnostics."""
@@ -345,7 +258,7 @@ class SQLiteBackend(Backend):
             )
         return row[0] if row else None
 
-    def _prune(self) -> None:
+    def _after_claims(self) -> None:
         """Forget the records of runs won more than ``slot_ttl_ms`` ago, about once a minute."""
         if time.monotonic() - self._pruned < 60:
             return
@@ -481,10 +394,3 @@ class SQLiteBackend(Backend):
                 with contextlib.suppress(sqlite3.Error):
                     self._db.close()
             self._db = None
-
-
-def _tell(on_won: Callable[[Claim], None], claim: Claim) -> None:
-    try:
-        on_won(claim)
-    except Exception:  # the run is won all the same
-        logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
