@@ -5,7 +5,16 @@ scheduled run is claimed in RabbitMQ by exactly one instance, which sends the ta
 """
 
 from . import guard, signals  # noqa: F401 - connect the worker-side history recording, and beat checks
-from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend, RedisBackend, SQLiteBackend
+from .backends import (
+    Backend,
+    Claim,
+    MemoryBackend,
+    Outcome,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    SQLiteBackend,
+)
 from .control import ManualRun, history, last_run, run_now
 from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .history import Run
@@ -30,6 +39,7 @@ __all__ = [
     "Backend",
     "RabbitMQBackend",
     "RedisBackend",
+    "PostgresBackend",
     "SQLiteBackend",
     "MemoryBackend",
     "Claim",

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from . import clock
-from .backends import RabbitMQBackend, RedisBackend, SQLiteBackend
+from .backends import PostgresBackend, RabbitMQBackend, RedisBackend, SQLiteBackend
 from .backends.rabbitmq import survey
 from .control import (
     Deployment,
@@ -290,7 +290,7 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
         backend.open()
         if isinstance(backend, RabbitMQBackend):
             return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, backend.server_version))}"
-        if isinstance(backend, (SQLiteBackend, RedisBackend)):  # the store's clock decides
+        if isinstance(backend, (SQLiteBackend, RedisBackend, PostgresBackend)):  # the store's clock decides
             skew = clock.now_ms() - backend.store_now_ms()
             shown = f"{backend.store_version()}; this host's clock {skew:+d} ms off the store's"
             if abs(skew) > CLOCK_WARNING_MS:

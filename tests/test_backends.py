@@ -21,6 +21,7 @@ from anarchon_celery import (
     ConfigError,
     MemoryBackend,
     Outcome,
+    PostgresBackend,
     RabbitMQBackend,
     RedisBackend,
     SQLiteBackend,
@@ -49,7 +50,7 @@ def rabbit(broker_url: str, prefix: str, **kwargs: Any) -> RabbitMQBackend:
     return backend
 
 
-@pytest.fixture(params=["rabbitmq", "memory", "sqlite", "redis"])
+@pytest.fixture(params=["rabbitmq", "memory", "sqlite", "redis", "postgres"])
 def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Factory of backends that share their claims (as instances of one deployment would)."""
     made: list[Backend] = []
@@ -59,6 +60,9 @@ def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) ->
     if request.param == "redis":
         redis_url = request.getfixturevalue("redis_url")
         prefix = request.getfixturevalue("redis_prefix")  # its keys deleted after the test
+    if request.param == "postgres":
+        postgres_url = request.getfixturevalue("postgres_url")
+        prefix = request.getfixturevalue("postgres_prefix")  # its rows deleted after the test
 
     def make() -> Backend:
         backend: Backend
@@ -66,6 +70,9 @@ def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) ->
             backend = rabbit(broker_url, prefix)
         elif request.param == "redis":
             backend = RedisBackend(redis_url, prefix=prefix)
+            backend.open()
+        elif request.param == "postgres":
+            backend = PostgresBackend(postgres_url, prefix=prefix)
             backend.open()
         elif request.param == "sqlite":
             backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix)
@@ -792,7 +799,7 @@ def test_streams_are_available(broker_url: str, prefix: str) -> None:
 DAILY = {"task": "t.report", "schedule": "cron '0 3 * * *' Europe/Paris", "args": "()"}
 
 
-@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite", "redis", "postgres"])
 def test_instances_that_define_a_job_differently_both_say_so(
     kind: str, request: pytest.FixtureRequest, prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -807,6 +814,9 @@ def test_instances_that_define_a_job_differently_both_say_so(
     elif kind == "redis":
         redis_url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
         a, b = RedisBackend(redis_url, prefix=prefix), RedisBackend(redis_url, prefix=prefix)
+    elif kind == "postgres":
+        postgres_url, prefix = request.getfixturevalue("postgres_url"), request.getfixturevalue("postgres_prefix")
+        a, b = PostgresBackend(postgres_url, prefix=prefix), PostgresBackend(postgres_url, prefix=prefix)
     else:
         a, b = shared, shared
     tokyo = dict(DAILY, schedule="cron '0 3 * * *' Asia/Tokyo")

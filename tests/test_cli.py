@@ -98,11 +98,15 @@ def test_check_passes_on_a_good_config(app_env: dict[str, str]) -> None:
 SQLITE_CHECKS = [("ok", "config"), ("ok", "store"), ("ok", "claims"), ("ok", "history")]
 
 
-@pytest.mark.parametrize("store", ["sqlite", "redis"])
+@pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])
 def test_check_on_a_lease_store(
     store: str, app_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'anarchon.db'}" if store == "sqlite" else request.getfixturevalue("redis_url")
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[store]()
     monkeypatch.setenv("HISTORY_APP_BACKEND", url)
     forget(APP)
     result = invoke("check")
@@ -111,8 +115,10 @@ def test_check_on_a_lease_store(
     assert [line.split()[:2] for line in lines] == [[status, step] for status, step in SQLITE_CHECKS]
     if store == "sqlite":
         assert f"SQLite database {tmp_path / 'anarchon.db'}" in lines[1] and "write-ahead log" in lines[1]
-    else:
+    elif store == "redis":
         assert "Redis at redis://127.0.0.1:6379/5" in lines[1] and ": Redis " in lines[1]
+    else:
+        assert "PostgreSQL at postgresql://postgres@127.0.0.1:5432/test" in lines[1] and ": PostgreSQL 1" in lines[1]
     # A host whose clock is off the store's is warned of: runs are decided on the store's clock.
     monkeypatch.setattr("anarchon_celery.clock.now_ms", lambda: int(time.time() * 1000) + 5_000)
     result = invoke("check")

@@ -8,6 +8,7 @@ from ..errors import ConfigError
 from ..settings import Settings
 from .base import Backend, Claim, Outcome
 from .memory import MemoryBackend
+from .postgres import POSTGRES_SCHEMES, PostgresBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
 from .redis import REDIS_SCHEMES, RedisBackend
 from .sqlite import SQLiteBackend
@@ -17,6 +18,7 @@ __all__ = [
     "Claim",
     "MemoryBackend",
     "Outcome",
+    "PostgresBackend",
     "RabbitMQBackend",
     "RedisBackend",
     "SQLiteBackend",
@@ -64,6 +66,8 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             return _MEMORY[shared]
         if scheme in REDIS_SCHEMES:
             return RedisBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+        if scheme in POSTGRES_SCHEMES:
+            return PostgresBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
         if scheme == "sqlite":
             return SQLiteBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
         if scheme in AMQP_SCHEMES:
@@ -71,8 +75,8 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
             )
         raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp:// or redis:// URL, sqlite:///file.db "
-            "(the instances of one host), memory:// (one process, for tests) or a Backend instance"
+            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis:// or postgresql:// URL, "
+            "sqlite:///file.db (the instances of one host), memory:// (one process, for tests) or a Backend instance"
         )
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
         return RabbitMQBackend(
