@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         help="anarchon_history_size (default 0, no history: a stream per job, 1,000 of them, needs about "
         "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
     )
-    parser.add_argument("--only", default="bare,anarchon,beat", help=f"any of bare, anarchon, beat, {', '.join(STORES)}")
+    parser.add_argument("--only", default="bare,anarchon,beat", help=f"of bare, anarchon, beat, {', '.join(STORES)}")
     parser.add_argument(
         "--rounds",
         type=int,
