@@ -156,30 +156,56 @@ def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
     assert backend.claim(claims, "i") == [Outcome.WON] * len(claims)
 
 
-# -- RabbitMQ specifics ---------------------------------------------------------------------------
-
-
-def _race(args: tuple[str, str, int, int, Any]) -> list[str]:
-    url, prefix, rounds, me, start = args
-    backend = RabbitMQBackend(url, prefix=prefix, slot_ttl_ms=60_000)
+def _open_kind(kind: str, target: str, prefix: str) -> Backend:
+    backend: Backend
+    if kind == "rabbitmq":
+        backend = RabbitMQBackend(target, prefix=prefix, slot_ttl_ms=60_000)
+    elif kind == "redis":
+        backend = RedisBackend(target, prefix=prefix)
+    elif kind == "postgres":
+        backend = PostgresBackend(target, prefix=prefix)
+    else:
+        backend = SQLiteBackend(target, prefix=prefix)
     backend.open()
+    return backend
+
+
+def _race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
+    kind, target, prefix, rounds, me, start = args
+    backend = _open_kind(kind, target, prefix)
     start.wait()
     try:
-        return [backend.claim([Claim("race", n)], f"p{me}")[0].value for n in range(rounds)]
+        # Each process claims a batch: its own job's run, and the run every process races for.
+        batches = [[Claim(f"own-{me}", 1000 + n), Claim("race", 1000 + n)] for n in range(rounds)]
+        return [backend.claim(batch, f"p{me}")[1].value for batch in batches]
     finally:
         backend.close()
 
 
-def test_processes_racing_for_the_same_gates_get_one_winner_each(broker_url: str, prefix: str) -> None:
-    processes, rounds = 6, 150
+@pytest.mark.parametrize("kind", ["rabbitmq", "sqlite", "redis", "postgres"])
+def test_processes_racing_for_the_same_runs_get_one_winner_each(
+    kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
+) -> None:
+    target = {
+        "rabbitmq": lambda: request.getfixturevalue("broker_url"),
+        "sqlite": lambda: str(tmp_path / "race.db"),
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[kind]()
+    if kind in ("redis", "postgres"):
+        prefix = request.getfixturevalue(f"{kind}_prefix")  # its keys or rows deleted after the test
+    processes, rounds = 6, 100
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager:
         start = manager.Barrier(processes)
         with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(broker_url, prefix, rounds, i, start) for i in range(processes)])
+            results = pool.map(_race, [(kind, target, prefix, rounds, i, start) for i in range(processes)])
     for n in range(rounds):
         outcomes = Counter(result[n] for result in results)
         assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
+
+
+# -- RabbitMQ specifics ---------------------------------------------------------------------------
 
 
 def _queue_info(name: str) -> dict[str, Any]:

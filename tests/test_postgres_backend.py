@@ -5,8 +5,6 @@ what it warns of. Every row under the test's prefix is deleted afterwards."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
-from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,30 +32,6 @@ def proxy(postgres_url: str) -> Any:
 def _through(proxy: Proxy, postgres_url: str) -> str:
     parts = urlsplit(postgres_url)
     return parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl()
-
-
-def _race(args: tuple[str, str, int, int, Any]) -> list[str]:
-    url, prefix, rounds, me, start = args
-    backend = _open(url, prefix)
-    start.wait()
-    try:
-        # Each process claims a batch: its own job's run, and the run every process races for.
-        batches = [[Claim(f"own-{me}", 1000 + n), Claim("race", 1000 + n)] for n in range(rounds)]
-        return [backend.claim(batch, f"p{me}")[1].value for batch in batches]
-    finally:
-        backend.close()
-
-
-def test_processes_racing_for_the_same_runs_get_one_winner_each(postgres_url: str, postgres_prefix: str) -> None:
-    processes, rounds = 6, 100
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(postgres_url, postgres_prefix, rounds, i, start) for i in range(processes)])
-    for n in range(rounds):
-        outcomes = Counter(result[n] for result in results)
-        assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
 
 
 class _LosesTheFirstAnswer(PostgresBackend):

@@ -5,10 +5,8 @@ prefix is deleted afterwards."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 import time
-from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,30 +34,6 @@ def proxy(redis_url: str) -> Any:
     proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 6379))
     yield proxy
     proxy.close()
-
-
-def _race(args: tuple[str, str, int, int, Any]) -> list[str]:
-    url, prefix, rounds, me, start = args
-    backend = _open(url, prefix)
-    start.wait()
-    try:
-        # Each process claims a batch: its own job's run, and the run every process races for.
-        batches = [[Claim(f"own-{me}", 1000 + n), Claim("race", 1000 + n)] for n in range(rounds)]
-        return [backend.claim(batch, f"p{me}")[1].value for batch in batches]
-    finally:
-        backend.close()
-
-
-def test_processes_racing_for_the_same_runs_get_one_winner_each(redis_url: str, redis_prefix: str) -> None:
-    processes, rounds = 6, 150
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(redis_url, redis_prefix, rounds, i, start) for i in range(processes)])
-    for n in range(rounds):
-        outcomes = Counter(result[n] for result in results)
-        assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
 
 
 def test_a_claim_whose_answer_was_lost_is_found_won_on_a_new_connection(

@@ -4,10 +4,8 @@ each job's runs in slot order; what it refuses and how it fails. No broker invol
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import sqlite3
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +20,6 @@ def _open(path: Path, **kwargs: Any) -> SQLiteBackend:
     backend = SQLiteBackend(path, prefix="t.", **kwargs)
     backend.open()
     return backend
-
-
-def _race(args: tuple[str, int, int, Any]) -> list[str]:
-    path, rounds, me, start = args
-    backend = _open(Path(path))
-    start.wait()
-    try:
-        outcomes = []
-        for n in range(rounds):
-            # Each process claims a batch: its own job's run, and the run every process races for.
-            batch = [Claim(f"own-{me}", 1000 + n), Claim("race", 1000 + n)]
-            outcomes.append(backend.claim(batch, f"p{me}")[1].value)
-        return outcomes
-    finally:
-        backend.close()
-
-
-def test_processes_racing_for_the_same_runs_get_one_winner_each(tmp_path: Path) -> None:
-    processes, rounds = 6, 150
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(str(tmp_path / "race.db"), rounds, i, start) for i in range(processes)])
-    for n in range(rounds):
-        outcomes = Counter(result[n] for result in results)
-        assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
-    backend = _open(tmp_path / "race.db")
-    winners = {backend.holder("race", 1000 + n) for n in range(rounds)}
-    assert winners <= {f"p{i}" for i in range(processes)} and None not in winners
-    backend.close()
 
 
 def test_a_run_not_due_on_the_databases_clock_is_early_never_won(tmp_path: Path) -> None:

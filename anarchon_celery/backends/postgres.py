@@ -20,16 +20,13 @@ import contextlib
 import logging
 import os
 import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigError
-from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .ordered import decide
-from .peers import Peers
-from .store import StoreBackend
+from .sql import SqlBackend, _first_line
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresBackend"]
 
@@ -78,7 +75,7 @@ def _psycopg() -> Any:
     return psycopg
 
 
-class PostgresBackend(StoreBackend):
+class PostgresBackend(SqlBackend):
     """Decides runs in PostgreSQL (12 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -91,6 +88,8 @@ class PostgresBackend(StoreBackend):
     """
 
     clock_name = "PostgreSQL's clock"
+    placeholder = "%s"
+    now_sql = _NOW
 
     def __init__(self, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, timeout: float = 5.0) -> None:
         super().__init__(prefix, slot_ttl_ms, timeout)
@@ -104,9 +103,6 @@ class PostgresBackend(StoreBackend):
         self._lock = threading.RLock()
         self._db: Any = None
         self._pid = 0
-        self._peers: Peers | None = None
-        self._heard = 0
-        self._pruned = 0.0
         self._version = "?"
 
     @classmethod
@@ -182,10 +178,6 @@ class PostgresBackend(StoreBackend):
                 self._db = None
                 raise
 
-    def store_now_ms(self) -> int:
-        with self._transaction() as db:
-            return int(db.execute(_NOW).fetchone()[0])
-
     def store_version(self) -> str:
         return self._version
 
@@ -251,120 +243,8 @@ class PostgresBackend(StoreBackend):
                 )
         return results
 
-    def holder(self, job: str, slot: int) -> str | None:
-        """The instance that won a run, while its record is kept: for tests and diagnostics."""
-        with self._transaction() as db:
-            row = db.execute(
-                "SELECT holder FROM anarchon_runs WHERE prefix = %s AND job = %s AND slot = %s",
-                (self.prefix, job, slot),
-            ).fetchone()
-        return row[0] if row else None
-
-    def _after_claims(self) -> None:
-        """Forget the records of runs won more than ``slot_ttl_ms`` ago, about once a minute."""
-        if time.monotonic() - self._pruned < 60:
-            return
-        self._pruned = time.monotonic()
-        try:
-            with self._transaction() as db:
-                db.execute(
-                    "DELETE FROM anarchon_runs WHERE prefix = %s AND "
-                    "decided_ms < (extract(epoch FROM now()) * 1000)::bigint - %s",
-                    (self.prefix, self.slot_ttl_ms),
-                )
-        except (self._psycopg.Error, BrokerUnavailable) as exc:
-            logger.info("anarchon: old run records not pruned from %s (%s)", self.describe(), _first_line(exc))
-
-    # -- instances' definitions -----------------------------------------------------------------
-
-    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
-        """Say hello with our definitions (a row); the instances running answer with theirs when
-        they next wake (an announcement of an instance long gone is never read)."""
-        self._peers = Peers(instance, definitions)
-        try:
-            self._heard = self._announce(hello=True)
-        except (self._psycopg.Error, BrokerUnavailable) as exc:
-            logger.info("anarchon: job definitions not shared through %s (%s)", self.describe(), _first_line(exc))
-
-    def _announce(self, *, hello: bool) -> int:
-        peers = self._peers
-        assert peers is not None
-        peers.answer_due = False
-        with self._transaction() as db:
-            now = db.execute(_NOW).fetchone()[0]
-            db.execute("DELETE FROM anarchon_peers WHERE prefix = %s AND at_ms < %s", (self.prefix, now - 86_400_000))
-            row = db.execute(
-                "INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) "
-                "VALUES (%s, %s, %s, %s) RETURNING id",
-                (self.prefix, peers.instance, peers.announcement(hello=hello).decode(), now),
-            ).fetchone()
-        return int(row[0])
-
-    def maintain(self) -> None:
-        peers = self._peers
-        if peers is None:
-            return
-        try:
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT id, announcement FROM anarchon_peers WHERE prefix = %s AND id > %s ORDER BY id",
-                    (self.prefix, self._heard),
-                ).fetchall()
-            for row_id, announcement in rows:
-                self._heard = row_id
-                peers.heard(announcement)
-            if peers.answer_due:
-                self._announce(hello=False)
-        except (self._psycopg.Error, BrokerUnavailable) as exc:
-            logger.debug("anarchon: announcements not shared through %s (%s)", self.describe(), _first_line(exc))
-
-    # -- history --------------------------------------------------------------------------------
-
-    def record(self, job: str, event: bytes, history_size: int) -> bool:
-        return self.record_many([(job, event, history_size)]) == 1
-
-    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
-        kept = [(job, event.decode(), size) for job, event, size in events if decode_event(event) is not None]
-        if not kept:
-            return 0
-        try:
-            with self._transaction() as db:
-                db.execute(
-                    "INSERT INTO anarchon_events (prefix, job, event) SELECT %s, job, event FROM "
-                    "unnest(%s::text[], %s::text[]) AS v(job, event)",
-                    (self.prefix, [job for job, _, _ in kept], [event for _, event, _ in kept]),
-                )
-                for job, size in {job: size for job, _, size in kept}.items():
-                    db.execute(
-                        "DELETE FROM anarchon_events WHERE prefix = %s AND job = %s AND id <= "
-                        "(SELECT id FROM anarchon_events WHERE prefix = %s AND job = %s ORDER BY id DESC "
-                        "OFFSET %s LIMIT 1)",
-                        (self.prefix, job, self.prefix, job, size * (EVENTS_PER_RUN + 1)),
-                    )
-        except (self._psycopg.Error, BrokerUnavailable) as exc:
-            logger.warning(
-                "anarchon: %d history event(s) not written to %s (%s)", len(kept), self.describe(), _first_line(exc)
-            )
-            return 0
-        return len(kept)
-
-    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-        found: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
-        if not jobs:
-            return found
-        try:
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT job, event FROM anarchon_events WHERE prefix = %s AND job = ANY(%s) ORDER BY id",
-                    (self.prefix, list(found)),
-                ).fetchall()
-        except self._psycopg.Error as exc:
-            raise BrokerUnavailable(f"cannot read history from {self.describe()}: {_first_line(exc)}") from exc
-        for job, event in rows:
-            decoded = decode_event(event.encode())
-            if decoded is not None:
-                found[job].append(decoded)
-        return found
+    def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
+        return int(db.execute(sql + " RETURNING id", params).fetchone()[0])
 
     def check_claims(self) -> None:
         """Lock a cursor row and let it go: a user without the rights fails here."""
@@ -397,8 +277,3 @@ def _shown(url: str) -> str:
 
 def _after(slot: int, cursor: int | None) -> bool:
     return cursor is None or slot > cursor
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

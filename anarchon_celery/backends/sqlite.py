@@ -18,17 +18,14 @@ import logging
 import os
 import sqlite3
 import threading
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigError
-from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .ordered import decide
-from .peers import Peers
-from .store import StoreBackend
+from .sql import SqlBackend
 
 __all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
 
@@ -115,7 +112,7 @@ def network_file_system(path: str | os.PathLike[str], mounts: str | None = None)
     return best_type if base in NETWORK_FILE_SYSTEMS or best_type == "fuse.sshfs" else None
 
 
-class SQLiteBackend(StoreBackend):
+class SQLiteBackend(SqlBackend):
     """Decides runs in a SQLite database file shared by the instances of one host.
 
     Arguments:
@@ -131,6 +128,7 @@ class SQLiteBackend(StoreBackend):
 
     clock_name = "the database's clock"
     failure_errors = (sqlite3.Error, BrokerUnavailable)
+    now_sql = _NOW
 
     def __init__(
         self,
@@ -145,9 +143,6 @@ class SQLiteBackend(StoreBackend):
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
-        self._peers: Peers | None = None
-        self._heard = 0  # the last anarchon_peers row read
-        self._pruned = 0.0
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> SQLiteBackend:
@@ -245,128 +240,8 @@ class SQLiteBackend(StoreBackend):
             )
         return results
 
-    def holder(self, job: str, slot: int) -> str | None:
-        """The instance that won a run, while its record is kept: for tests and diagnostics."""
-        with self._lock:
-            row = (
-                self._connection()
-                .execute(
-                    "SELECT holder FROM anarchon_runs WHERE prefix = ? AND job = ? AND slot = ?",
-                    (self.prefix, job, slot),
-                )
-                .fetchone()
-            )
-        return row[0] if row else None
-
-    def _after_claims(self) -> None:
-        """Forget the records of runs won more than ``slot_ttl_ms`` ago, about once a minute."""
-        if time.monotonic() - self._pruned < 60:
-            return
-        self._pruned = time.monotonic()
-        try:
-            with self._transaction() as db:
-                now = db.execute(_NOW).fetchone()[0]
-                db.execute(
-                    "DELETE FROM anarchon_runs WHERE prefix = ? AND decided_ms < ?",
-                    (self.prefix, now - self.slot_ttl_ms),
-                )
-        except (sqlite3.Error, BrokerUnavailable) as exc:
-            logger.info("anarchon: old run records not pruned from %s (%s)", self.path, exc)
-
-    # -- instances' definitions -----------------------------------------------------------------
-
-    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
-        """Say hello with our definitions (a row); the instances running answer with theirs when
-        they next wake (an announcement of an instance long gone is never read)."""
-        self._peers = Peers(instance, definitions)
-        try:
-            self._heard = self._announce(hello=True)
-        except (sqlite3.Error, BrokerUnavailable) as exc:
-            logger.info("anarchon: job definitions not shared through %s (%s)", self.path, exc)
-
-    def _announce(self, *, hello: bool) -> int:
-        """Write our announcement (and forget those over a day old); returns its row id."""
-        peers = self._peers
-        assert peers is not None
-        peers.answer_due = False
-        with self._transaction() as db:
-            now = db.execute(_NOW).fetchone()[0]
-            db.execute("DELETE FROM anarchon_peers WHERE prefix = ? AND at_ms < ?", (self.prefix, now - 86_400_000))
-            cursor = db.execute(
-                "INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) VALUES (?, ?, ?, ?)",
-                (self.prefix, peers.instance, peers.announcement(hello=hello).decode(), now),
-            )
-            return int(cursor.lastrowid or 0)
-
-    def maintain(self) -> None:
-        """Hear the announcements written since the last look, and answer a hello."""
-        peers = self._peers
-        if peers is None:
-            return
-        try:
-            with self._lock:
-                rows = (
-                    self._connection()
-                    .execute(
-                        "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
-                        (self.prefix, self._heard),
-                    )
-                    .fetchall()
-                )
-            for row_id, announcement in rows:
-                self._heard = row_id
-                peers.heard(announcement)
-            if peers.answer_due:
-                self._announce(hello=False)
-        except (sqlite3.Error, BrokerUnavailable) as exc:
-            logger.debug("anarchon: announcements not shared through %s (%s)", self.path, exc)
-
-    # -- history --------------------------------------------------------------------------------
-
-    def record(self, job: str, event: bytes, history_size: int) -> bool:
-        return self.record_many([(job, event, history_size)]) == 1
-
-    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
-        kept = [(job, event.decode(), size) for job, event, size in events if decode_event(event) is not None]
-        if not kept:
-            return 0
-        try:
-            with self._transaction() as db:
-                db.executemany(
-                    "INSERT INTO anarchon_events (prefix, job, event) VALUES (?, ?, ?)",
-                    [(self.prefix, job, event) for job, event, _ in kept],
-                )
-                for job, size in {job: size for job, _, size in kept}.items():
-                    db.execute(
-                        "DELETE FROM anarchon_events WHERE prefix = ? AND job = ? AND id <= "
-                        "(SELECT id FROM anarchon_events WHERE prefix = ? AND job = ? ORDER BY id DESC "
-                        "LIMIT 1 OFFSET ?)",
-                        (self.prefix, job, self.prefix, job, size * (EVENTS_PER_RUN + 1)),
-                    )
-        except (sqlite3.Error, BrokerUnavailable) as exc:
-            logger.warning("anarchon: %d history event(s) not written to %s (%s)", len(kept), self.path, exc)
-            return 0
-        return len(kept)
-
-    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-        found: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
-        if not jobs:
-            return found
-        try:
-            with self._lock:
-                db = self._connection()
-                rows: Iterable[tuple[str, str]] = db.execute(
-                    f"SELECT job, event FROM anarchon_events WHERE prefix = ? AND job IN "
-                    f"({', '.join('?' * len(found))}) ORDER BY id",
-                    (self.prefix, *found),
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise BrokerUnavailable(f"cannot read history from SQLite database {self.path}: {exc}") from exc
-        for job, event in rows:
-            decoded = decode_event(event.encode())
-            if decoded is not None:
-                found[job].append(decoded)
-        return found
+    def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
+        return int(db.execute(sql, params).lastrowid or 0)
 
     def check_claims(self) -> None:
         """Take the write lock and let it go: a read-only file or directory fails here."""
@@ -375,11 +250,6 @@ class SQLiteBackend(StoreBackend):
                 db.execute("DELETE FROM anarchon_runs WHERE 0")
         except sqlite3.Error as exc:
             raise BrokerUnavailable(f"cannot write to SQLite database {self.path}: {exc}") from exc
-
-    def store_now_ms(self) -> int:
-        """The store's clock: for tests and ``check``."""
-        with self._lock:
-            return int(self._connection().execute(_NOW).fetchone()[0])
 
     def store_version(self) -> str:
         """What the store is, for ``check``."""
