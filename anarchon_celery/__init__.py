@@ -5,7 +5,16 @@ scheduled run is claimed in RabbitMQ by exactly one instance, which sends the ta
 """
 
 from . import guard, signals  # noqa: F401 - connect the worker-side history recording, and beat checks
-from .backends import Backend, Claim, MemoryBackend, Outcome, RabbitMQBackend
+from .backends import (
+    Backend,
+    Claim,
+    MemoryBackend,
+    Outcome,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    SQLiteBackend,
+)
 from .control import ManualRun, history, last_run, run_now
 from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .history import Run
@@ -29,6 +38,9 @@ __all__ = [
     # Backends
     "Backend",
     "RabbitMQBackend",
+    "RedisBackend",
+    "PostgresBackend",
+    "SQLiteBackend",
     "MemoryBackend",
     "Claim",
     "Outcome",

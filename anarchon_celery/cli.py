@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from . import clock
-from .backends import RabbitMQBackend
+from .backends import PostgresBackend, RabbitMQBackend, RedisBackend, SQLiteBackend
 from .backends.rabbitmq import survey
 from .control import (
     Deployment,
@@ -41,6 +41,10 @@ from .schedule import from_ms
 __all__ = ["anarchon"]
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+#: A host whose clock is further than this from a lease store's is warned of by `check`.
+CLOCK_WARNING_MS = 1_000
 
 
 def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -284,22 +288,34 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
     def broker() -> str:
         backend = holder["d"].backend
         backend.open()
-        version = getattr(backend, "server_version", None)
-        shown = f"RabbitMQ {'.'.join(map(str, version))}" if version else "reachable"
-        return f"{backend.describe()}: {shown}"
+        if isinstance(backend, RabbitMQBackend):
+            return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, backend.server_version))}"
+        if isinstance(backend, (SQLiteBackend, RedisBackend, PostgresBackend)):  # the store's clock decides
+            skew = clock.now_ms() - backend.store_now_ms()
+            shown = f"{backend.store_version()}; this host's clock {skew:+d} ms off the store's"
+            if abs(skew) > CLOCK_WARNING_MS:
+                raise Warned(f"{backend.describe()}: {shown}: runs are decided on the store's clock, check time sync")
+            return f"{backend.describe()}: {shown}"
+        return f"{backend.describe()}: reachable"
 
     def claims() -> str:
-        holder["d"].backend.check_claims()
-        return "a gate can be declared, claimed and deleted under the prefix (permissions)"
+        backend = holder["d"].backend
+        backend.check_claims()
+        if isinstance(backend, RabbitMQBackend):
+            return "a gate can be declared, claimed and deleted under the prefix (permissions)"
+        return "runs can be decided (the store takes writes)"
 
     def streams() -> str:
-        holder["d"].backend.check_history()
-        return "history streams can be created"
+        backend = holder["d"].backend
+        backend.check_history()
+        return "history streams can be created" if isinstance(backend, RabbitMQBackend) else "history can be kept"
 
     with opened:
-        if step("config", config) and nodes() and step("broker", broker):
-            step("claims", claims)
-            step("streams", streams)
+        if step("config", config) and nodes():
+            rabbit = isinstance(holder["d"].backend, RabbitMQBackend)
+            if step("broker" if rabbit else "store", broker):
+                step("claims", claims)
+                step("streams" if rabbit else "history", streams)
     ok = all(c["ok"] for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": checks}))

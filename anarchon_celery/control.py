@@ -60,7 +60,7 @@ def configure(app: Any) -> Deployment:
     """Read and check the app's configuration as the scheduler does (no broker I/O)."""
     settings = Settings.from_app(app)
     backend = backend_for(app, settings)
-    jobs = collect_jobs(app, settings, backend.prefix, backend.slot_ttl_ms)
+    jobs = collect_jobs(app, settings, backend.prefix, backend.slot_ttl_ms, forgets_runs=backend.forgets_runs)
     return Deployment(settings, backend, {job.name: job for job in jobs})
 
 

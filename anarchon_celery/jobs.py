@@ -31,10 +31,10 @@ JOB_KEYS = frozenset(
 )
 
 _LEASE_BACKENDS = (
-    "anarchon offers it on its Redis, PostgreSQL and SQLite backends, which hold leases; "
-    "anarchon_celery has only the claim-only RabbitMQ backend"
+    "it needs a backend that holds leases, and neither of anarchon_celery's backends does yet: "
+    "RabbitMQ's is claim only, and SQLite's decides each run once but holds no lease"
 )
-#: Options of anarchon that this claim-only backend refuses, with why.
+#: Options of anarchon that no backend of anarchon_celery offers yet, with why.
 REFUSED_KEYS = {
     "backup_runners": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
     "backups": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
@@ -43,7 +43,7 @@ REFUSED_KEYS = {
     "catch_up": f"catch-up needs to know which past runs happened: {_LEASE_BACKENDS}",
     "hand_over": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
     "handover": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
-    "history_ttl_ms": "history is kept in a RabbitMQ stream trimmed by size only: use history_size",
+    "history_ttl_ms": "history is trimmed by size only (a RabbitMQ stream, or rows of the store): use history_size",
 }
 
 #: apply_async options the scheduler sets itself.
@@ -176,17 +176,18 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
     )
 
 
-def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0) -> None:
+def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True) -> None:
     """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
     outlive the latest moment anyone may claim it, counted from its first declaration, which
-    comes ``lead_ms`` before the slot)."""
+    comes ``lead_ms`` before the slot) for a backend that forgets runs (see
+    :attr:`~anarchon_celery.backends.Backend.forgets_runs`)."""
     longest = len(f"{prefix}{job.name}{_LONGEST_SUFFIX}".encode())
     if longest > MAX_QUEUE_NAME:
         raise ConfigError(
             f"job {job.name!r}: the name is too long: its queue names would reach {longest} bytes with "
             f"prefix {prefix!r}, and RabbitMQ takes {MAX_QUEUE_NAME}. Shorten the job name or the prefix"
         )
-    if lead_ms + job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
+    if forgets_runs and lead_ms + job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
         lead = "anarchon_lead_ms + " if lead_ms else ""
         lead_value = f"{lead_ms} + " if lead_ms else ""
         raise ConfigError(
@@ -338,7 +339,9 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
     return result
 
 
-def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) -> list[Job]:
+def collect_jobs(
+    app: Any, settings: Settings, prefix: str, slot_ttl_ms: int, *, forgets_runs: bool = True
+) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
     Checks names (valid, unique), tasks (registered), per-job keys, that the arguments encode
@@ -372,6 +375,6 @@ def collect_jobs(app: Any, settings: Settings, prefix: str, slot_ttl_ms: int) ->
                 "Import its module in the beat process (imports/include settings)"
             )
         check_arguments(job, registered[job.task], app)
-        check_job(job, prefix, slot_ttl_ms, settings.lead_ms)
+        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs)
         jobs[name] = job
     return list(jobs.values())

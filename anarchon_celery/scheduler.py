@@ -354,35 +354,37 @@ class Scheduler(beat.Scheduler):
             raise
         runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
-            if outcome is Outcome.AWAY:
-                self._claim_again(claim)
+            if outcome is Outcome.AWAY or outcome is Outcome.EARLY:
+                self._claim_again(claim, outcome)
             elif outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
                 runs.append(outgoing(claim))
         return self._send(runs) if runs else []
 
-    def _claim_again(self, claim: Claim) -> None:
-        """Queue the claim of a run whose gate is away again, a moment later, if its deadline
-        allows: the gate, once its node is back, still says whether anyone won the run."""
+    def _claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
+        """Queue the claim of a run again, a moment later, if its deadline allows: its gate is
+        away (once its node is back, the gate still says whether anyone won the run), or the
+        store's clock says it is not due yet (this instance's clock is ahead)."""
         job = self.jobs[claim.job]
         deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
         planned = deadline - job.max_late_ms
         again = clock.now_ms() + AWAY_RETRY_MS
+        away = outcome is Outcome.AWAY
+        why = "its gate is away" if away else "the store's clock says it is not due yet"
         if again > deadline:
             logger.warning(
-                "anarchon: job %r slot %d: its gate stayed away until the run's deadline (max_late_ms %d); "
-                "not run by this instance",
+                "anarchon: job %r slot %d: %s until the run's deadline (max_late_ms %d); not run by this instance",
                 claim.job,
                 claim.slot,
+                "its gate stayed away"
+                if away
+                else "the store's clock said it was not due (this host's clock is ahead: check its time sync)",
                 job.max_late_ms,
             )
             return
         logger.debug(
-            "anarchon: job %r slot %d: its gate is away; claiming it again in %d ms",
-            claim.job,
-            claim.slot,
-            AWAY_RETRY_MS,
+            "anarchon: job %r slot %d: %s; claiming it again in %d ms", claim.job, claim.slot, why, AWAY_RETRY_MS
         )
         heapq.heappush(self._queue, _Due(again, claim.slot, claim.job, planned))
 

@@ -10,7 +10,11 @@ task queue (not by a worker) from the slot to the arrival of the last task, take
   beforehand, each then publishing the tasks of the claims it won, pipelined and confirmed;
 * ``anarchon_celery``: ``--instances`` ``celery beat -S anarchon_celery.Scheduler`` processes,
   jitter 0, gates declared ahead (``anarchon_lead_ms``), no history by default (``--history-size``);
-* ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules.
+* ``plain beat``: one ``celery beat`` with the same entries as ``crontab`` schedules;
+* ``sqlite``, ``redis``, ``postgres`` (with ``--only ...,sqlite,redis,postgres``): the
+  ``--instances`` beats deciding their runs in one SQLite file, in the local Redis
+  (``BENCH_REDIS``) or PostgreSQL (``BENCH_POSTGRES``), instead of RabbitMQ; the tasks still on
+  RabbitMQ.
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
 round's measurements and their median.
@@ -46,6 +50,9 @@ from common import (
 )
 
 MINUTE = 60_000
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/6")
+POSTGRES = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+STORES = {"sqlite": "SQLite", "redis": "Redis", "postgres": "PostgreSQL"}
 
 
 def next_boundary(margin_ms: int) -> int:
@@ -168,13 +175,38 @@ def bare_floor(args: argparse.Namespace) -> dict[str, Any]:
 # -- the schedulers -------------------------------------------------------------------------------
 
 
-def scheduler_run(impl: str, instances: int, args: argparse.Namespace) -> dict[str, Any]:
+def delete_postgres_rows(prefix: str) -> None:
+    """The rows a run on the PostgreSQL backend left."""
+    import psycopg
+
+    with psycopg.connect(POSTGRES) as db:
+        for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_peers"):
+            db.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
+
+
+def delete_redis_keys(prefix: str) -> None:
+    """The keys a run on the Redis backend left (cursors, run records)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+    finally:
+        client.close()
+
+
+def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq") -> dict[str, Any]:
     prefix = f"bench-burst-{impl}-{uuid.uuid4().hex[:6]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-burst-"))
     env = bench_env(
         BURST_PREFIX=prefix,
         BURST_JOBS=str(args.jobs),
         BURST_IMPL=impl,
+        BURST_BACKEND={"sqlite": f"sqlite:///{tmp / 'anarchon.db'}", "redis": REDIS, "postgres": POSTGRES}.get(
+            backend, ""
+        ),
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -195,10 +227,20 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace) -> dict[s
             stop(proc)
         tally.stop()
         delete_prefixed(prefix, BROKER)
+        if backend == "redis":
+            delete_redis_keys(prefix)
+        if backend == "postgres":
+            delete_postgres_rows(prefix)
     name = f"anarchon_celery x{instances}" if impl == "anarchon" else "plain celery beat x1"
+    if backend != "rabbitmq":
+        name += f" on {STORES[backend]}"
     if not args.keep_logs:
         remove_dir(tmp)
     return {"scheduler": name, **result, "startup s": round(startup_s, 1)}
+
+
+def _on(label: str) -> Any:
+    return lambda name: name.endswith(f" on {label}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         help="anarchon_history_size (default 0, no history: a stream per job, 1,000 of them, needs about "
         "2,000 open files on the broker, more than a packaged RabbitMQ allows by default)",
     )
-    parser.add_argument("--only", default="bare,anarchon,beat")
+    parser.add_argument("--only", default="bare,anarchon,beat", help=f"of bare, anarchon, beat, {', '.join(STORES)}")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -227,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["BURST_HISTORY_SIZE"] = str(args.history_size)
     rows = []
     only = args.only.split(",")
-    ratios: dict[str, list[float]] = {"anarchon / bare floor": [], "plain beat / anarchon": []}
+    ratios: dict[str, list[float]] = {
+        "anarchon / bare floor": [],
+        "plain beat / anarchon": [],
+        **{f"anarchon on {label} / anarchon": [] for label in STORES.values()},
+    }
     for round_ in range(1, args.rounds + 1):
         by_name: dict[str, dict[str, Any]] = {}
         if "bare" in only:
@@ -236,19 +282,31 @@ def main(argv: list[str] | None = None) -> int:
             by_name["ours"] = scheduler_run("anarchon", args.instances, args)
         if "beat" in only:
             by_name["beat"] = scheduler_run("beat", 1, args)
+        for store in STORES:
+            if store in only:
+                by_name[store] = scheduler_run("anarchon", args.instances, args, backend=store)
         rows += [{"round": round_, **row} for row in by_name.values()]
         last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
         if "ours" in last and "floor" in last:
             ratios["anarchon / bare floor"].append(last["ours"] / last["floor"])
         if "ours" in last and "beat" in last:
             ratios["plain beat / anarchon"].append(last["beat"] / last["ours"])
+        for store, label in STORES.items():
+            if "ours" in last and store in last:
+                ratios[f"anarchon on {label} / anarchon"].append(last[store] / last["ours"])
     summary: dict[str, Any] = {}
     for name, values in ratios.items():
         if values:
             summary[f"{name}, median of {len(values)}"] = statistics.median(values)
             summary[f"{name}, each round"] = ", ".join(f"{v:.2f}" for v in values)
-    for name in ("bare", "anarchon_celery", "plain"):
-        lasts = [row["last s"] for row in rows if row["scheduler"].startswith(name) and row["last s"]]
+    kinds = {
+        "bare": lambda n: n.startswith("bare"),
+        "anarchon_celery": lambda n: n.startswith("anarchon_celery") and " on " not in n,
+        **{f"anarchon_celery on {label}": _on(label) for label in STORES.values()},
+        "plain": lambda n: n.startswith("plain"),
+    }
+    for name, kind in kinds.items():
+        lasts = [row["last s"] for row in rows if kind(row["scheduler"]) and row["last s"]]
         if lasts:
             summary[f"{name} last s, median of {len(lasts)}"] = statistics.median(lasts)
     report("burst", rows, summary)

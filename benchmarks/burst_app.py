@@ -27,6 +27,8 @@ if IMPL == "anarchon":
         anarchon_lead_ms=int(os.environ.get("BURST_LEAD_MS", "10000")),
         beat_schedule={name: {"task": "burst_app.tick", "schedule": CRON, "args": (name,)} for name in names},
     )
+    if os.environ.get("BURST_BACKEND"):  # runs decided elsewhere (a SQLite file); tasks on the broker
+        app.conf.anarchon_backend = os.environ["BURST_BACKEND"]
 else:  # plain celery beat: the same runs as crontab entries
     minute, hour, day, month, weekday = CRON.split()
     every = crontab(minute=minute, hour=hour, day_of_month=day, month_of_year=month, day_of_week=weekday)

@@ -8,9 +8,12 @@ It starts a worker and the beat instances of ``demo_app`` under a fresh queue pr
 run, stops them, then prints each run in the window: job, slot, the instance that won it and how
 many times the task executed. Everything it created in RabbitMQ is deleted at the end.
 
-The broker is ``ANARCHON_DEMO_BROKER`` (default: the local RabbitMQ, guest/guest). What the demo is
-doing, and every few seconds the runs executed so far, goes to stderr; the table (or, with
-``--json``, one JSON line) to stdout.
+The broker is ``ANARCHON_DEMO_BROKER`` (default: the local RabbitMQ, guest/guest). When it is not
+set and no RabbitMQ answers on this machine, the demo says so in one line and runs on the SQLite
+backend with kombu's ``filesystem://`` transport instead, which need nothing installed;
+``--backend rabbitmq`` or ``--backend sqlite`` chooses. What the demo is doing, and every few
+seconds the runs executed so far, goes to stderr; the table (or, with ``--json``, one JSON line) to
+stdout.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-BROKER = os.environ.get("ANARCHON_DEMO_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+LOCAL_RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+BROKER = os.environ.get("ANARCHON_DEMO_BROKER", LOCAL_RABBITMQ)
+#: The demo's backends: claims in RabbitMQ (the broker), or in a SQLite file with the tasks as files.
+BACKENDS = ("rabbitmq", "sqlite")
 WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
 END_MARGIN_MS = 3_000
@@ -104,6 +110,26 @@ _NAMES = (
     '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], '
     '[io:format("exchange:~s~n", [N]) || {resource, <<"/">>, exchange, N} <- rabbit_exchange:list_names()], ok.'
 )
+
+
+def choose_backend(requested: str | None, broker: str | None = None, default: str = LOCAL_RABBITMQ) -> str:
+    """The backend the demo runs on: ``requested``, or RabbitMQ when ``broker`` (the
+    ``ANARCHON_DEMO_BROKER`` given) is set or the ``default`` RabbitMQ answers, else SQLite, saying
+    so in one line. Raises :class:`BrokerUnreachable` when RabbitMQ is asked for and does not answer."""
+    if requested == "sqlite":
+        return "sqlite"
+    if requested == "rabbitmq" or broker:
+        check_broker(broker or default)
+        return "rabbitmq"
+    try:
+        check_broker(default)
+    except BrokerUnreachable as exc:
+        say(
+            f"no RabbitMQ answers at {exc.url}: running the demo on the SQLite backend, with the tasks as "
+            "files (kombu's filesystem:// transport); --backend rabbitmq insists on RabbitMQ"
+        )
+        return "sqlite"
+    return "rabbitmq"
 
 
 def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -185,10 +211,12 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
             proc.wait()
 
 
-def _queue_depth(queue: str) -> int:
+def _queue_depth(queue: str, folder: Path | None) -> int:
     from kombu import Connection
     from kombu.exceptions import KombuError
 
+    if folder is not None:  # the filesystem transport: one file per message, named after its queue
+        return sum(1 for name in os.listdir(folder / "messages") if name.endswith(f".{queue}.msg"))
     conn = Connection(BROKER, connect_timeout=5)
     try:
         with conn:
@@ -241,17 +269,21 @@ def _delete(prefix: str) -> None:
         say(f"deleted this run's {deleted} queues and exchanges ({prefix}*)")
 
 
-def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded: bool = False) -> dict[str, Any]:
+def run(
+    beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded: bool = False, backend: str = "rabbitmq"
+) -> dict[str, Any]:
     """Run the demo; return its figures (see the module docstring).
 
     With ``embedded``, no separate beat: ``beats`` workers each run the scheduler inside
-    (``celery worker -B``). Raises :class:`BrokerUnreachable` before starting anything if the broker
-    does not answer, :class:`StartFailed` (logs kept) if a process does not start. Progress goes to
-    stderr.
+    (``celery worker -B``). ``backend`` is ``rabbitmq`` (claims and tasks on ``BROKER``) or
+    ``sqlite`` (claims in a SQLite file, tasks as files: see :func:`choose_backend`). Raises
+    :class:`BrokerUnreachable` before starting anything if RabbitMQ does not answer,
+    :class:`StartFailed` (logs kept) if a process does not start. Progress goes to stderr.
     """
     from kombu.utils.url import maybe_sanitize_url
 
-    check_broker(BROKER)
+    if backend not in BACKENDS:
+        raise DemoError(f"no backend {backend!r}: choose {' or '.join(BACKENDS)}")
     prefix = f"demo-{uuid.uuid4().hex[:8]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
     executions = tmp / "executions.jsonl"
@@ -262,8 +294,23 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
         ANARCHON_DEMO_BROKER=BROKER,
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
     )
+    folder: Path | None = None
+    if backend == "sqlite":
+        folder = tmp / "broker"
+        for sub in ("messages", "control"):
+            (folder / sub).mkdir(parents=True)
+        env.update(
+            ANARCHON_DEMO_BROKER="filesystem://",
+            ANARCHON_DEMO_FOLDER=str(folder),
+            ANARCHON_DEMO_BACKEND=f"sqlite:///{tmp / 'anarchon.db'}",
+        )
+        say(f"runs are decided in {tmp / 'anarchon.db'}; the tasks are files in {folder}")
+    else:
+        env.pop("ANARCHON_DEMO_FOLDER", None)
+        env.pop("ANARCHON_DEMO_BACKEND", None)
+        check_broker(BROKER)
+        say(f"the broker answers at {maybe_sanitize_url(BROKER)}; this run's queues are named {prefix}*")
     worker_args = ["worker", "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip", "--without-heartbeat"]
-    say(f"the broker answers at {maybe_sanitize_url(BROKER)}; this run's queues are named {prefix}*")
     procs: list[subprocess.Popen[bytes]] = []
     finished = start_failed = False
     try:
@@ -309,7 +356,7 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
                 stop(proc)
             deadline = time.monotonic() + 60
             said = 0.0
-            while (depth := _queue_depth(f"{prefix}tasks")) and time.monotonic() < deadline:
+            while (depth := _queue_depth(f"{prefix}tasks", folder)) and time.monotonic() < deadline:
                 if time.monotonic() - said >= PROGRESS_EVERY_S:
                     say(f"waiting for the worker to run the {depth} task(s) still queued")
                     said = time.monotonic()
@@ -340,7 +387,8 @@ def run(beats: int = 3, duration: float = 60, keep_logs: bool = False, embedded:
     finally:
         for proc in procs:
             stop(proc)
-        _delete(prefix)
+        if folder is None:  # the SQLite run's broker and database are files in tmp
+            _delete(prefix)
         if keep_logs or (not finished and not start_failed):
             say(f"logs kept in {tmp}")
         elif finished:
@@ -356,8 +404,13 @@ def _report(
     window_end: int,
 ) -> dict[str, Any]:
     # The jobs, as the scheduler sees them: import the demo app with the same settings.
-    os.environ.update({k: env[k] for k in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER")})
+    for key in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER", "ANARCHON_DEMO_BACKEND", "ANARCHON_DEMO_FOLDER"):
+        if key in env:
+            os.environ[key] = env[key]
+        else:
+            os.environ.pop(key, None)
     sys.path.insert(0, str(HERE))
+    sys.modules.pop("demo_app", None)  # configured from the variables just set
     import demo_app
 
     import anarchon_celery
@@ -365,11 +418,11 @@ def _report(
     from anarchon_celery.jobs import collect_jobs
 
     settings = Settings.from_app(demo_app.app)
-    jobs = collect_jobs(demo_app.app, settings, settings.prefix, settings.slot_ttl_ms)
+    jobs = collect_jobs(demo_app.app, settings, settings.prefix, settings.slot_ttl_ms, forgets_runs=False)
 
     from kombu import Connection
 
-    password = Connection(BROKER).password
+    password = Connection(env["ANARCHON_DEMO_BROKER"]).password
     winners: dict[tuple[str, int], list[str]] = defaultdict(list)
     password_shown = False
     for log in beat_logs:
@@ -429,9 +482,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument("--embedded", action="store_true", help="run the schedulers inside workers (-B)")
     parser.add_argument("--cli", action="store_true", help="also print what `celery anarchon` shows")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="where runs are decided: rabbitmq, or sqlite (a file, with the tasks as files: nothing to install); "
+        "default: rabbitmq when it answers, else sqlite",
+    )
     options = parser.parse_args(argv)
     try:
-        result = run(options.beats, options.duration, options.keep_logs, options.embedded)
+        backend = choose_backend(options.backend, os.environ.get("ANARCHON_DEMO_BROKER"))
+        result = run(options.beats, options.duration, options.keep_logs, options.embedded, backend)
     except DemoError as exc:
         say(str(exc))
         return 2

@@ -1,4 +1,6 @@
-"""A small Celery app scheduled by anarchon_celery: run by ``examples/demo.py``.
+"""A small Celery app scheduled by anarchon_celery: run by ``examples/demo.py``, on RabbitMQ or, with
+``ANARCHON_DEMO_BACKEND`` and ``ANARCHON_DEMO_FOLDER``, on a SQLite file and kombu's filesystem
+transport (nothing to install).
 
 Each task appends one JSON line per execution to the file named by ``ANARCHON_DEMO_LOG``, with the
 task id and the ``anarchon_*`` headers the scheduler sent it with.
@@ -34,6 +36,19 @@ app.conf.update(
         "minutely": {"task": "demo_app.record", "schedule": crontab()},
     },
 )
+
+
+if os.environ.get("ANARCHON_DEMO_BACKEND"):  # runs decided elsewhere than the broker (a SQLite file)
+    app.conf.anarchon_backend = os.environ["ANARCHON_DEMO_BACKEND"]
+if os.environ.get("ANARCHON_DEMO_FOLDER"):  # kombu's filesystem:// transport: messages are files
+    folder = os.environ["ANARCHON_DEMO_FOLDER"]
+    app.conf.broker_transport_options = {
+        "data_folder_in": os.path.join(folder, "messages"),
+        "data_folder_out": os.path.join(folder, "messages"),
+        "control_folder": os.path.join(folder, "control"),
+        "polling_interval": 0.1,
+    }
+    app.conf.worker_enable_remote_control = False  # no broadcast over files
 
 
 def _record(task, **extra) -> None:

@@ -94,3 +94,40 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+POSTGRES = os.environ.get("ANARCHON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _postgres_up() -> bool:
+    try:
+        import psycopg
+
+        psycopg.connect(POSTGRES, connect_timeout=3).close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure (psycopg missing too) means "not reachable"
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The PostgreSQL URL for the tests of the PostgreSQL backend. Skips locally when it is down;
+    fails under CI."""
+    if not _postgres_up():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is not reachable at {POSTGRES} (or psycopg is missing), and CI needs it")
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES}")
+    return POSTGRES
+
+
+@pytest.fixture
+def postgres_prefix(postgres_url: str) -> Iterator[str]:
+    """A unique prefix; every row under it in anarchon's tables is deleted after the test."""
+    import psycopg
+
+    value = f"t-{uuid.uuid4().hex[:10]}."
+    yield value
+    with psycopg.connect(postgres_url) as db:
+        for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_peers"):
+            if db.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None:
+                db.execute(f"DELETE FROM {table} WHERE prefix = %s", (value,))

@@ -1,6 +1,7 @@
 """A Celery app whose broker is Redis and whose runs are claimed in RabbitMQ (``anarchon_backend``),
-for tests/test_redis_broker.py. Every execution of its task appends one JSON line, with the task id
-and the ``anarchon_*`` headers it was sent with, to the file named by ``REDIS_APP_LOG``."""
+or in Redis itself (``REDIS_APP_BACKEND=app-broker``), for tests/test_redis_broker.py. Every
+execution of its task appends one JSON line, with the task id and the ``anarchon_*`` headers it was
+sent with, to the file named by ``REDIS_APP_LOG``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     task_default_queue=f"{PREFIX}tasks",
     task_ignore_result=True,
-    anarchon_backend=os.environ.get("REDIS_APP_BACKEND")
+    # "app-broker": none set, so the runs are decided in the app's broker, Redis
+    anarchon_backend=None
+    if os.environ.get("REDIS_APP_BACKEND") == "app-broker"
+    else os.environ.get("REDIS_APP_BACKEND")
     or os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
     anarchon_prefix=PREFIX,
     anarchon_slot_ttl_ms=60_000,

@@ -9,12 +9,24 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kombu import Connection
 
-from anarchon_celery import BrokerError, Claim, ConfigError, MemoryBackend, Outcome, RabbitMQBackend, clock
+from anarchon_celery import (
+    BrokerError,
+    Claim,
+    ConfigError,
+    MemoryBackend,
+    Outcome,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    SQLiteBackend,
+    clock,
+)
 from anarchon_celery.backends import Backend
 from anarchon_celery.backends.rabbitmq import (
     ahead,
@@ -38,14 +50,35 @@ def rabbit(broker_url: str, prefix: str, **kwargs: Any) -> RabbitMQBackend:
     return backend
 
 
-@pytest.fixture(params=["rabbitmq", "memory"])
-def make_backend(request: pytest.FixtureRequest, broker_url: str, prefix: str) -> Iterator[Any]:
+@pytest.fixture(params=["rabbitmq", "memory", "sqlite", "redis", "postgres"])
+def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Factory of backends that share their claims (as instances of one deployment would)."""
     made: list[Backend] = []
     shared_memory = MemoryBackend(prefix=prefix)
+    if request.param == "rabbitmq":
+        broker_url = request.getfixturevalue("broker_url")
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")  # its keys deleted after the test
+    if request.param == "postgres":
+        postgres_url = request.getfixturevalue("postgres_url")
+        prefix = request.getfixturevalue("postgres_prefix")  # its rows deleted after the test
 
     def make() -> Backend:
-        backend: Backend = rabbit(broker_url, prefix) if request.param == "rabbitmq" else shared_memory
+        backend: Backend
+        if request.param == "rabbitmq":
+            backend = rabbit(broker_url, prefix)
+        elif request.param == "redis":
+            backend = RedisBackend(redis_url, prefix=prefix)
+            backend.open()
+        elif request.param == "postgres":
+            backend = PostgresBackend(postgres_url, prefix=prefix)
+            backend.open()
+        elif request.param == "sqlite":
+            backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix)
+            backend.open()
+        else:
+            backend = shared_memory
         made.append(backend)
         return backend
 
@@ -104,41 +137,75 @@ def test_a_slow_listener_does_not_turn_wins_into_timeouts(broker_url: str, prefi
 def test_a_claim_past_its_deadline_is_never_made(make_backend: Any) -> None:
     backend = make_backend()
     now = clock.now_ms()
-    claims = [Claim("job", 1, deadline_ms=now - 1), Claim("job", 2, deadline_ms=now + 60_000), Claim("job", 3)]
+    claims = [Claim("late", 1, deadline_ms=now - 1), Claim("job", 2, deadline_ms=now + 60_000), Claim("job", 3)]
     assert backend.claim(claims, "a") == [Outcome.UNDECIDED, Outcome.WON, Outcome.WON]
-    assert make_backend().claim([Claim("job", 1)], "b") == [Outcome.WON]  # nobody holds slot 1
+    assert make_backend().claim([Claim("late", 1)], "b") == [Outcome.WON]  # nobody holds it
+
+
+def test_a_run_decided_is_never_won_again_however_late(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    assert a.claim([Claim("job", 5_000)], "a") == [Outcome.WON]
+    assert b.claim([Claim("job", 5_000)], "b") == [Outcome.LOST]
+    if not a.forgets_runs:  # decided in slot order: an earlier slot never claimed is passed over
+        assert b.claim([Claim("job", 4_000), Claim("job", 6_000)], "b") == [Outcome.LOST, Outcome.WON]
 
 
 def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
     backend = make_backend()
-    claims = [Claim(job, slot) for job in ("a", "b", "a-b", "a_b") for slot in (0, 1, 10**13)]
+    claims = [Claim(job, slot) for job in ("a", "b", "a-b", "a_b") for slot in (0, 1, clock.now_ms() - 1)]
     assert backend.claim(claims, "i") == [Outcome.WON] * len(claims)
 
 
-# -- RabbitMQ specifics ---------------------------------------------------------------------------
-
-
-def _race(args: tuple[str, str, int, int, Any]) -> list[str]:
-    url, prefix, rounds, me, start = args
-    backend = RabbitMQBackend(url, prefix=prefix, slot_ttl_ms=60_000)
+def _open_kind(kind: str, target: str, prefix: str) -> Backend:
+    backend: Backend
+    if kind == "rabbitmq":
+        backend = RabbitMQBackend(target, prefix=prefix, slot_ttl_ms=60_000)
+    elif kind == "redis":
+        backend = RedisBackend(target, prefix=prefix)
+    elif kind == "postgres":
+        backend = PostgresBackend(target, prefix=prefix)
+    else:
+        backend = SQLiteBackend(target, prefix=prefix)
     backend.open()
+    return backend
+
+
+def _race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
+    kind, target, prefix, rounds, me, start = args
+    backend = _open_kind(kind, target, prefix)
     start.wait()
     try:
-        return [backend.claim([Claim("race", n)], f"p{me}")[0].value for n in range(rounds)]
+        # Each process claims a batch: its own job's run, and the run every process races for.
+        batches = [[Claim(f"own-{me}", 1000 + n), Claim("race", 1000 + n)] for n in range(rounds)]
+        return [backend.claim(batch, f"p{me}")[1].value for batch in batches]
     finally:
         backend.close()
 
 
-def test_processes_racing_for_the_same_gates_get_one_winner_each(broker_url: str, prefix: str) -> None:
-    processes, rounds = 6, 150
+@pytest.mark.parametrize("kind", ["rabbitmq", "sqlite", "redis", "postgres"])
+def test_processes_racing_for_the_same_runs_get_one_winner_each(
+    kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
+) -> None:
+    target = {
+        "rabbitmq": lambda: request.getfixturevalue("broker_url"),
+        "sqlite": lambda: str(tmp_path / "race.db"),
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[kind]()
+    if kind in ("redis", "postgres"):
+        prefix = request.getfixturevalue(f"{kind}_prefix")  # its keys or rows deleted after the test
+    processes, rounds = 6, 100
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager:
         start = manager.Barrier(processes)
         with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(broker_url, prefix, rounds, i, start) for i in range(processes)])
+            results = pool.map(_race, [(kind, target, prefix, rounds, i, start) for i in range(processes)])
     for n in range(rounds):
         outcomes = Counter(result[n] for result in results)
         assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)
+
+
+# -- RabbitMQ specifics ---------------------------------------------------------------------------
 
 
 def _queue_info(name: str) -> dict[str, Any]:
@@ -758,12 +825,26 @@ def test_streams_are_available(broker_url: str, prefix: str) -> None:
 DAILY = {"task": "t.report", "schedule": "cron '0 3 * * *' Europe/Paris", "args": "()"}
 
 
-@pytest.mark.parametrize("kind", ["rabbitmq", "memory"])
+@pytest.mark.parametrize("kind", ["rabbitmq", "memory", "sqlite", "redis", "postgres"])
 def test_instances_that_define_a_job_differently_both_say_so(
-    kind: str, broker_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    kind: str, request: pytest.FixtureRequest, prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     shared = MemoryBackend(prefix=prefix)
-    a, b = (rabbit(broker_url, prefix), rabbit(broker_url, prefix)) if kind == "rabbitmq" else (shared, shared)
+    a: Backend
+    b: Backend
+    if kind == "rabbitmq":
+        broker_url = request.getfixturevalue("broker_url")
+        a, b = rabbit(broker_url, prefix), rabbit(broker_url, prefix)
+    elif kind == "sqlite":
+        a, b = SQLiteBackend(tmp_path / "a.db", prefix=prefix), SQLiteBackend(tmp_path / "a.db", prefix=prefix)
+    elif kind == "redis":
+        redis_url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
+        a, b = RedisBackend(redis_url, prefix=prefix), RedisBackend(redis_url, prefix=prefix)
+    elif kind == "postgres":
+        postgres_url, prefix = request.getfixturevalue("postgres_url"), request.getfixturevalue("postgres_prefix")
+        a, b = PostgresBackend(postgres_url, prefix=prefix), PostgresBackend(postgres_url, prefix=prefix)
+    else:
+        a, b = shared, shared
     tokyo = dict(DAILY, schedule="cron '0 3 * * *' Asia/Tokyo")
     with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
         a.share_definitions("old:1", {"report": DAILY, "same": DAILY, "gone": DAILY})
@@ -784,6 +865,5 @@ def test_instances_that_define_a_job_differently_both_say_so(
         "schedule cron '0 3 * * *' Europe/Paris here, cron '0 3 * * *' Asia/Tokyo there" in line for line in lines
     )
     assert any("job 'gone' is defined differently by instance old:1: it runs it, and this" in line for line in lines)
-    if kind == "rabbitmq":
-        a.close()
-        b.close()
+    a.close()
+    b.close()

@@ -95,6 +95,36 @@ def test_check_passes_on_a_good_config(app_env: dict[str, str]) -> None:
     assert f"RabbitMQ {version}" in report["checks"][1]["detail"] and "guest:**@" in report["checks"][1]["detail"]
 
 
+SQLITE_CHECKS = [("ok", "config"), ("ok", "store"), ("ok", "claims"), ("ok", "history")]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])
+def test_check_on_a_lease_store(
+    store: str, app_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[store]()
+    monkeypatch.setenv("HISTORY_APP_BACKEND", url)
+    forget(APP)
+    result = invoke("check")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split()[:2] for line in lines] == [[status, step] for status, step in SQLITE_CHECKS]
+    if store == "sqlite":
+        assert f"SQLite database {tmp_path / 'anarchon.db'}" in lines[1] and "write-ahead log" in lines[1]
+    elif store == "redis":
+        assert "Redis at redis://127.0.0.1:6379/5" in lines[1] and ": Redis " in lines[1]
+    else:
+        assert "PostgreSQL at postgresql://postgres@127.0.0.1:5432/test" in lines[1] and ": PostgreSQL 1" in lines[1]
+    # A host whose clock is off the store's is warned of: runs are decided on the store's clock.
+    monkeypatch.setattr("anarchon_celery.clock.now_ms", lambda: int(time.time() * 1000) + 5_000)
+    result = invoke("check")
+    assert result.exit_code == 0 and "warn  store" in result.output and "check time sync" in result.output
+
+
 def test_check_fails_with_one_clear_line_and_no_traceback(app_env: dict[str, str]) -> None:
     env = dict(app_env, HISTORY_APP_BAD="1")
     done = celery(env, "anarchon", "check")
@@ -145,7 +175,13 @@ def _wait_for_status(env: dict[str, str], job: str, run_id: str, status: str, ti
 
 @pytest.mark.processes
 @pytest.mark.timeout(240)
-def test_run_now_and_the_worker_history(app_env: dict[str, str], prefix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["rabbitmq", "sqlite"])
+def test_run_now_and_the_worker_history(
+    store: str, app_env: dict[str, str], prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if store == "sqlite":  # the worker writes the events to the file, the commands read them there
+        app_env = dict(app_env, HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'anarchon.db'}")
+        monkeypatch.setenv("HISTORY_APP_BACKEND", app_env["HISTORY_APP_BACKEND"])
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [

@@ -64,6 +64,38 @@ def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -
 
 
 @pytest.mark.timeout(240)
+def test_three_beats_on_sqlite_with_the_tasks_as_files_need_no_broker() -> None:
+    """The demo a machine without RabbitMQ runs: claims in a SQLite file, tasks over kombu's
+    filesystem:// transport, history in the file, read back by the commands."""
+    result = demo.run(beats=3, duration=20, backend="sqlite")
+    assert_exactly_once(result)
+    assert len({run["winners"][0] for run in result["runs"]}) > 1
+    recorded = {run["run_id"]: run for runs in result["history"].values() for run in runs}
+    for run in result["runs"]:
+        assert recorded[run["task_id"]]["status"] == ("failed" if run["job"] == "fails" else "succeeded")
+    assert [line.split()[:2] for line in result["cli"]["check"].splitlines()] == [
+        ["ok", "config"],
+        ["ok", "store"],
+        ["ok", "claims"],
+        ["ok", "history"],
+    ]
+    assert "RuntimeError: this job fails on purpose" in result["cli"]["history"]
+
+
+def test_without_rabbitmq_the_demo_says_so_and_chooses_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
+    nowhere = f"amqp://guest:s3cret@127.0.0.1:{free_port()}//"
+    assert demo.choose_backend(None, None, default=nowhere) == "sqlite"
+    [line] = capsys.readouterr().err.splitlines()
+    assert "no RabbitMQ answers at amqp://guest:**@127.0.0.1:" in line and "SQLite backend" in line
+    assert "s3cret" not in line
+    # Asked for, or named by ANARCHON_DEMO_BROKER, RabbitMQ that does not answer is an error.
+    for requested, broker in (("rabbitmq", None), (None, nowhere)):
+        with pytest.raises(demo.BrokerUnreachable, match="rabbitmq-server -detached"):
+            demo.choose_backend(requested, broker, default=nowhere)
+    assert demo.choose_backend("sqlite", nowhere, default=nowhere) == "sqlite"
+
+
+@pytest.mark.timeout(240)
 def test_schedulers_embedded_in_two_workers(broker_url: str) -> None:
     assert_exactly_once(demo.run(beats=2, duration=20, embedded=True))
 

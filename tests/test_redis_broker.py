@@ -51,14 +51,28 @@ def redis_messages(redis_url: str, key: str) -> list[dict[str, Any]]:
         client.close()
 
 
+def delete_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 # -- real processes -----------------------------------------------------------------------------
 
 
 @pytest.mark.processes
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("claims", ["rabbitmq", "redis"])
 def test_beats_on_a_redis_broker_send_each_run_once_and_the_worker_runs_it(
-    redis_url: str, redis_prefix: str, broker_url: str, prefix: str, tmp_path: Path
+    claims: str, redis_url: str, redis_prefix: str, broker_url: str, prefix: str, tmp_path: Path
 ) -> None:
+    """The runs claimed in RabbitMQ, or, with no anarchon_backend set, in the app's broker: Redis."""
     executed = tmp_path / "executed.jsonl"
     env = dict(
         os.environ,
@@ -66,7 +80,7 @@ def test_beats_on_a_redis_broker_send_each_run_once_and_the_worker_runs_it(
         REDIS_APP_BROKER=redis_url,
         REDIS_APP_KEYPREFIX=redis_prefix,
         REDIS_APP_PREFIX=prefix,
-        REDIS_APP_BACKEND=broker_url,
+        REDIS_APP_BACKEND=broker_url if claims == "rabbitmq" else "app-broker",
         REDIS_APP_LOG=str(executed),
     )
     worker_log = tmp_path / "worker.log"
@@ -102,6 +116,9 @@ def test_beats_on_a_redis_broker_send_each_run_once_and_the_worker_runs_it(
         if fleet is not None:
             fleet.kill()
         kill(worker)
+        delete_keys(redis_url, prefix)  # the claims' keys, when they were in Redis
+    if claims == "redis":
+        assert "anarchon: ready as" in fleet.text(0) and "Redis at redis://127.0.0.1:6379/5" in fleet.text(0)
     runs = [json.loads(line) for line in executed.read_text().splitlines()]
     assert sorted(run["task_id"] for run in runs) == sorted(task_id for _, task_id in sent), "each run executed once"
     by_id = {task_id: int(slot) for slot, task_id in sent}

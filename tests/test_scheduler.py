@@ -427,24 +427,34 @@ def test_broker_heartbeat_and_connection_timeout_are_honoured(app: Celery, broke
 
 class _AwayFor(MemoryBackend):
     """Answers AWAY for every claim until the clock passes `back_ms`, as a RabbitMQ backend does
-    while the node holding the runs' gates is down."""
+    while the node holding the runs' gates is down (or EARLY, as a lease store does while its
+    clock is behind the instance's)."""
 
     back_ms = 0
+    answer = anarchon_celery.Outcome.AWAY
     calls: list[tuple[int, int]]  # (clock, slot) of each claim made
 
     def claim(self, claims: Any, instance: str, *, on_won: Any = None) -> list[anarchon_celery.Outcome]:
         self.calls += [(clock_module.now_ms(), claim.slot) for claim in claims]
         if clock_module.now_ms() < self.back_ms:
-            return [anarchon_celery.Outcome.AWAY] * len(claims)
+            return [self.answer] * len(claims)
         return super().claim(claims, instance, on_won=on_won)
 
 
+@pytest.mark.parametrize("answer", [anarchon_celery.Outcome.AWAY, anarchon_celery.Outcome.EARLY])
 @pytest.mark.parametrize(("back_after_ms", "sent_slots"), [(2_500, [T0, T0 + 10_000]), (6_000, [T0 + 10_000])])
-def test_a_run_whose_gate_is_away_is_claimed_again_until_its_deadline(
-    app: Celery, clock: Clock, broker_url: str, prefix: str, back_after_ms: int, sent_slots: list[int]
+def test_a_run_away_or_early_is_claimed_again_until_its_deadline(
+    app: Celery,
+    clock: Clock,
+    broker_url: str,
+    prefix: str,
+    back_after_ms: int,
+    sent_slots: list[int],
+    answer: anarchon_celery.Outcome,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     backend = _AwayFor(prefix=prefix, slot_ttl_ms=60_000)
-    backend.back_ms, backend.calls = T0 + back_after_ms, []
+    backend.back_ms, backend.calls, backend.answer = T0 + back_after_ms, [], answer
     app.conf.anarchon_backend = backend
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 10.0, "jitter_ms": 0, "max_late_ms": 5_000}}
     scheduler = Scheduler(app)
@@ -457,3 +467,6 @@ def test_a_run_whose_gate_is_away_is_claimed_again_until_its_deadline(
     assert first[0] == T0 and all(at <= T0 + 5_000 for at in first)
     assert len(first) == (4 if back_after_ms == 2_500 else 6)
     assert [slot for _, slot in backend.calls].count(T0 + 10_000) == 1  # the next run queued once
+    if back_after_ms > 5_000:  # given up at its deadline, saying why
+        why = "its gate stayed away" if answer is anarchon_celery.Outcome.AWAY else "this host's clock is ahead"
+        assert f"job 'job' slot {T0}: " in caplog.text and why in caplog.text

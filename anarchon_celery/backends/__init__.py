@@ -8,9 +8,22 @@ from ..errors import ConfigError
 from ..settings import Settings
 from .base import Backend, Claim, Outcome
 from .memory import MemoryBackend
+from .postgres import POSTGRES_SCHEMES, PostgresBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
+from .redis import REDIS_SCHEMES, RedisBackend
+from .sqlite import SQLiteBackend
 
-__all__ = ["Backend", "Claim", "MemoryBackend", "Outcome", "RabbitMQBackend", "backend_for"]
+__all__ = [
+    "Backend",
+    "Claim",
+    "MemoryBackend",
+    "Outcome",
+    "PostgresBackend",
+    "RabbitMQBackend",
+    "RedisBackend",
+    "SQLiteBackend",
+    "backend_for",
+]
 
 #: ``memory://`` backends, one per (prefix, slot_ttl_ms), shared by the schedulers of a process.
 _MEMORY: dict[tuple[str, int], MemoryBackend] = {}
@@ -28,13 +41,18 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                     f"{getattr(chosen, key)!r}: set it on the backend only"
                 )
         return chosen
-    if chosen is None:
+    if chosen is None:  # the app's broker, when it can decide runs: RabbitMQ or Redis
         connection = app.connection_for_write()
         try:
-            if connection.transport_cls not in AMQP_SCHEMES:
+            transport = connection.transport_cls
+            if transport in REDIS_SCHEMES:
+                return RedisBackend.from_url(
+                    connection.as_uri(include_password=True), prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms
+                )
+            if transport not in AMQP_SCHEMES:
                 raise ConfigError(
-                    f"the app's broker is {connection.as_uri()}, not RabbitMQ: set "
-                    "anarchon_backend to an amqp:// URL or a RabbitMQBackend"
+                    f"the app's broker is {connection.as_uri()}, neither RabbitMQ nor Redis: set "
+                    "anarchon_backend to an amqp://, redis:// or sqlite:/// URL, or a backend"
                 )
         finally:
             connection.release()
@@ -46,13 +64,19 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             if shared not in _MEMORY:
                 _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
             return _MEMORY[shared]
+        if scheme in REDIS_SCHEMES:
+            return RedisBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+        if scheme in POSTGRES_SCHEMES:
+            return PostgresBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+        if scheme == "sqlite":
+            return SQLiteBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
         if scheme in AMQP_SCHEMES:
             return RabbitMQBackend(
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
             )
         raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp:// URL, memory:// "
-            "(one process, for tests) or a Backend instance"
+            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis:// or postgresql:// URL, "
+            "sqlite:///file.db (the instances of one host), memory:// (one process, for tests) or a Backend instance"
         )
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
         return RabbitMQBackend(

@@ -54,6 +54,9 @@ class Outcome(enum.Enum):
     #: it again a moment later, while its deadline allows, since the run is still decided in
     #: that one place once it is back.
     AWAY = "away"
+    #: The store's clock says the run is not due yet: this instance's clock is ahead. Not won,
+    #: and not decided: the scheduler claims it again a moment later, while its deadline allows.
+    EARLY = "early"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,11 @@ class Backend(abc.ABC):
 
     #: Prefix of every name this backend creates.
     prefix: str
+    #: Whether the backend forgets a run ``slot_ttl_ms`` after it was taken, so that a very late
+    #: claim could win it again: jobs are then held to the safety rule (``lead_ms + jitter_ms +
+    #: max_late_ms < slot_ttl_ms``). A backend that decides each job's runs in slot order never
+    #: wins a decided run again, and says False.
+    forgets_runs: bool = True
     #: How long the backend remembers that a slot was taken, in milliseconds. A job's
     #: ``jitter_ms + max_late_ms`` must stay below it, or a very late instance could run a slot
     #: again after the backend forgot it.

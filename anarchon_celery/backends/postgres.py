@@ -1,0 +1,279 @@
+"""PostgresBackend: runs decided in PostgreSQL, one transaction per batch, on the server's clock.
+
+Each job keeps a cursor (a row of ``anarchon_jobs``), the latest slot decided. A batch locks its
+jobs' cursor rows in job order (``FOR UPDATE``: instances never deadlock, and each sees the cursor
+the last one committed), decides its claims (:func:`.ordered.decide`) on ``now()``, and writes
+the wins, so a run decided once is never won again, however late an instance comes. A win is
+recorded with its instance: a claim whose commit's answer was lost with the connection is made
+again on a new one, and finds its own win.
+
+History events and the instances' job definitions are rows of the same database. The tables are
+made at first use (``anarchon_*`` in the connection's schema); several deployments may share them,
+each under its prefix.
+
+Needs psycopg 3 (``pip install anarchon_celery[postgres]``) and PostgreSQL 12 or newer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..errors import BrokerUnavailable, ConfigError
+from .base import Claim, Outcome
+from .ordered import decide
+from .sql import SqlBackend, _first_line
+
+__all__ = ["POSTGRES_SCHEMES", "PostgresBackend"]
+
+logger = logging.getLogger(__name__)
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+_NOW = "SELECT (extract(epoch FROM now()) * 1000)::bigint"
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS anarchon_jobs (
+    prefix text NOT NULL, job text NOT NULL,
+    cursor bigint NOT NULL,                -- every slot at or below it is decided
+    PRIMARY KEY (prefix, job)
+);
+CREATE TABLE IF NOT EXISTS anarchon_runs (
+    prefix text NOT NULL, job text NOT NULL, slot bigint NOT NULL,
+    holder text NOT NULL,                  -- the instance that runs it
+    token integer NOT NULL,                -- fencing token: 1 for the first winner
+    state text NOT NULL,                   -- claimed
+    decided_ms bigint NOT NULL,            -- the server's time of the win
+    deadline_ms bigint,                    -- the latest the run may be sent
+    PRIMARY KEY (prefix, job, slot)
+);
+CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
+CREATE TABLE IF NOT EXISTS anarchon_events (
+    id bigserial PRIMARY KEY,
+    prefix text NOT NULL, job text NOT NULL,
+    event text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
+CREATE TABLE IF NOT EXISTS anarchon_peers (
+    id bigserial PRIMARY KEY,
+    prefix text NOT NULL, instance text NOT NULL,
+    announcement text NOT NULL,
+    at_ms bigint NOT NULL
+);
+"""
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigError("the PostgreSQL backend needs psycopg 3: pip install 'anarchon_celery[postgres]'") from exc
+    return psycopg
+
+
+class PostgresBackend(SqlBackend):
+    """Decides runs in PostgreSQL (12 or newer), shared by instances on any number of hosts.
+
+    Arguments:
+        url: a libpq connection string or URL, ``postgresql://user:password@host:5432/dbname``.
+        prefix: the deployment's name in the tables.
+        slot_ttl_ms: how long the record of a run won is kept. Runs are never decided twice
+            whatever it is: each job's cursor says so.
+        timeout: seconds to connect, and the longest a statement (or a wait for another
+            instance's lock) may take before its claims are given up as not decided.
+    """
+
+    clock_name = "PostgreSQL's clock"
+    placeholder = "%s"
+    now_sql = _NOW
+
+    def __init__(self, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, timeout: float = 5.0) -> None:
+        super().__init__(prefix, slot_ttl_ms, timeout)
+        psycopg = _psycopg()
+        if not isinstance(url, str) or not url:
+            raise ConfigError(f"PostgresBackend needs a postgresql:// URL or a libpq connection string, not {url!r}")
+        self.url = url
+        self._psycopg = psycopg
+        self.answer_lost_errors = (psycopg.OperationalError,)  # the connection went: a commit's answer too
+        self.failure_errors = (psycopg.Error, BrokerUnavailable)
+        self._lock = threading.RLock()
+        self._db: Any = None
+        self._pid = 0
+        self._version = "?"
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> PostgresBackend:
+        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+
+    # -- the connection -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            self._connection()
+
+    def _connection(self) -> Any:
+        """The open connection (made again when lost, or in a forked child)."""
+        if self._db is not None and not self._db.closed and self._pid == os.getpid():
+            return self._db
+        if self._db is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                self._db.close()
+        self._db = None
+        psycopg = self._psycopg
+        waited_ms = round(self.timeout * 1000)
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self.url).get("options") or ""
+            db = psycopg.connect(
+                self.url,
+                connect_timeout=max(1, round(self.timeout)),
+                options=f"{given} -c statement_timeout={waited_ms} -c lock_timeout={waited_ms}".strip(),
+                # A server gone without a word (a cut cable) is found within about 10 s.
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=2,
+                application_name="anarchon_celery",
+            )
+        except psycopg.Error as exc:
+            raise BrokerUnavailable(f"{self.describe()} does not answer ({_first_line(exc)})") from exc
+        try:
+            with db.transaction():
+                # Made once, whoever comes first: concurrent CREATE ... IF NOT EXISTS can collide.
+                db.execute("SELECT pg_advisory_xact_lock(hashtext('anarchon_celery schema'))")
+                db.execute(_TABLES)
+            settings = dict(
+                db.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', 'synchronous_commit')"
+                ).fetchall()
+            )
+            db.commit()
+        except psycopg.Error as exc:
+            db.close()
+            raise BrokerUnavailable(f"{self.describe()} cannot keep anarchon's tables: {_first_line(exc)}") from exc
+        self._version = f"PostgreSQL {settings.get('server_version', '?')}"
+        if settings.get("synchronous_commit") == "off":
+            logger.warning(
+                "anarchon: %s commits without waiting for the disk (synchronous_commit off): a win can be "
+                "lost in a crash and its run won again. Set synchronous_commit on for anarchon's user or database",
+                self.describe(),
+            )
+        self._db, self._pid = db, os.getpid()
+        return db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """One transaction on the connection; a connection that failed is never used again."""
+        with self._lock:
+            db = self._connection()
+            try:
+                with db.transaction():
+                    yield db
+            except self._psycopg.OperationalError:
+                with contextlib.suppress(Exception):
+                    db.close()
+                self._db = None
+                raise
+
+    def store_version(self) -> str:
+        return self._version
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+        jobs = sorted({claim.job for claim in claims})
+        with self._transaction() as db:
+            now = db.execute(_NOW).fetchone()[0]
+            # Every job's cursor row exists, then is locked, in job order.
+            db.execute(
+                "INSERT INTO anarchon_jobs (prefix, job, cursor) SELECT %s, job, -1 FROM unnest(%s::text[]) AS job "
+                "ORDER BY job ON CONFLICT DO NOTHING",
+                (self.prefix, jobs),
+            )
+            rows = db.execute(
+                "SELECT job, cursor FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) ORDER BY job FOR UPDATE",
+                (self.prefix, jobs),
+            ).fetchall()
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor in rows}
+            before = dict(cursors)
+            results = decide(claims, now, cursors)
+            if recover:  # a run this instance already holds was won by the try whose answer was lost
+                held = {
+                    (job, slot)
+                    for job, slot in db.execute(
+                        "SELECT job, slot FROM anarchon_runs WHERE prefix = %s AND holder = %s AND "
+                        "(job, slot) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                        (self.prefix, instance, [c.job for c in claims], [c.slot for c in claims]),
+                    ).fetchall()
+                }
+                results = [
+                    (Outcome.WON, 0) if lost and (claim.job, claim.slot) in held else (outcome, amount)
+                    for claim, (outcome, amount) in zip(claims, results)
+                    for lost in [outcome is Outcome.LOST]
+                ]
+            won = [  # the new wins (not those recovered, recorded already)
+                claim
+                for claim, (outcome, _) in zip(claims, results)
+                if outcome is Outcome.WON and _after(claim.slot, before.get(claim.job))
+            ]
+            moved = [job for job in jobs if cursors[job] != before[job]]
+            if moved:
+                db.execute(
+                    "UPDATE anarchon_jobs AS j SET cursor = v.cursor FROM "
+                    "unnest(%s::text[], %s::bigint[]) AS v(job, cursor) WHERE j.prefix = %s AND j.job = v.job",
+                    (moved, [cursors[job] for job in moved], self.prefix),
+                )
+            if won:
+                db.execute(
+                    "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms) "
+                    "SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline FROM "
+                    "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS v(job, slot, deadline) "
+                    "ON CONFLICT (prefix, job, slot) DO NOTHING",
+                    (
+                        self.prefix,
+                        instance,
+                        now,
+                        [c.job for c in won],
+                        [c.slot for c in won],
+                        [c.deadline_ms for c in won],
+                    ),
+                )
+        return results
+
+    def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
+        return int(db.execute(sql + " RETURNING id", params).fetchone()[0])
+
+    def check_claims(self) -> None:
+        """Lock a cursor row and let it go: a user without the rights fails here."""
+        try:
+            with self._transaction() as db:
+                db.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = %s FOR UPDATE", (self.prefix,))
+                db.execute("DELETE FROM anarchon_runs WHERE false")
+        except self._psycopg.Error as exc:
+            raise BrokerUnavailable(f"{self.describe()} cannot decide claims: {_first_line(exc)}") from exc
+
+    def describe(self) -> str:
+        return f"PostgreSQL at {_shown(self.url)} (prefix {self.prefix!r})"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None and self._pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    self._db.close()
+            self._db = None
+
+
+def _shown(url: str) -> str:
+    """The URL without its password (a URL's, or a connection string's ``password=``)."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    if "://" in url:
+        return str(maybe_sanitize_url(url))
+    return " ".join("password=**" if part.startswith("password=") else part for part in url.split())
+
+
+def _after(slot: int, cursor: int | None) -> bool:
+    return cursor is None or slot > cursor

@@ -1,0 +1,204 @@
+"""What the SQL stores (PostgreSQL, SQLite) share beyond the claim loop: the record of each win,
+history events and the instances' job definitions, as rows of the ``anarchon_*`` tables, each
+deployment's under its prefix. Statements are written with ``?`` placeholders; a store whose
+driver takes ``%s`` says so."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import BrokerUnavailable
+from ..history import EVENTS_PER_RUN, decode_event
+from .peers import Peers
+from .store import StoreBackend
+
+__all__ = ["SqlBackend"]
+
+logger = logging.getLogger(__name__)
+
+#: Announcements of job definitions older than this are deleted by the next one written.
+PEERS_KEPT_MS = 86_400_000
+#: Seconds between two prunings of the records of old wins.
+PRUNE_EVERY_S = 60.0
+
+
+class SqlBackend(StoreBackend):
+    """Rows of runs won, history and job definitions, in a SQL database."""
+
+    #: The driver's placeholder, for the ``?`` of the statements below.
+    placeholder = "?"
+
+    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float) -> None:
+        super().__init__(prefix, slot_ttl_ms, timeout)
+        self._peers: Peers | None = None
+        self._heard = 0  # the last anarchon_peers row read
+        self._pruned = 0.0
+
+    @abc.abstractmethod
+    def _transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """One transaction, committed at the end of the block, rolled back if it raises; yields
+        an object with ``execute(sql, params)`` and ``executemany``."""
+
+    @abc.abstractmethod
+    def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
+        """Run an INSERT of one row in ``db``; return the row's id."""
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    @contextlib.contextmanager
+    def _rows(self) -> Iterator[Any]:
+        """A transaction whose statements take ``?`` placeholders."""
+        with self._transaction() as db:
+            yield _Placeholders(db, self._sql)
+
+    def _now(self, db: Any) -> int:
+        """The store's clock, read in ``db``'s transaction."""
+        return int(db.execute(self.now_sql, ()).fetchone()[0])
+
+    #: The statement that reads the store's clock, in epoch milliseconds.
+    now_sql = ""
+
+    def holder(self, job: str, slot: int) -> str | None:
+        """The instance that won a run, while its record is kept: for tests and diagnostics."""
+        with self._rows() as db:
+            row = db.execute(
+                "SELECT holder FROM anarchon_runs WHERE prefix = ? AND job = ? AND slot = ?", (self.prefix, job, slot)
+            ).fetchone()
+        return row[0] if row else None
+
+    def store_now_ms(self) -> int:
+        with self._rows() as db:
+            return self._now(db)
+
+    def _after_claims(self) -> None:
+        """Forget the records of runs won more than ``slot_ttl_ms`` ago, about once a minute."""
+        if time.monotonic() - self._pruned < PRUNE_EVERY_S:
+            return
+        self._pruned = time.monotonic()
+        try:
+            with self._rows() as db:
+                db.execute(
+                    "DELETE FROM anarchon_runs WHERE prefix = ? AND decided_ms < ?",
+                    (self.prefix, self._now(db) - self.slot_ttl_ms),
+                )
+        except self.failure_errors as exc:
+            logger.info("anarchon: old run records not pruned from %s (%s)", self.describe(), _first_line(exc))
+
+    # -- instances' definitions -----------------------------------------------------------------
+
+    def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
+        """Say hello with our definitions (a row); the instances running answer with theirs when
+        they next wake (an announcement of an instance long gone is never read)."""
+        self._peers = Peers(instance, definitions)
+        try:
+            self._heard = self._announce(hello=True)
+        except self.failure_errors as exc:
+            logger.info("anarchon: job definitions not shared through %s (%s)", self.describe(), _first_line(exc))
+
+    def _announce(self, *, hello: bool) -> int:
+        """Write our announcement (and forget those over a day old); returns its row id."""
+        peers = self._peers
+        assert peers is not None
+        peers.answer_due = False
+        with self._rows() as db:
+            now = self._now(db)
+            db.execute("DELETE FROM anarchon_peers WHERE prefix = ? AND at_ms < ?", (self.prefix, now - PEERS_KEPT_MS))
+            return self._inserted_id(
+                db.raw,
+                self._sql("INSERT INTO anarchon_peers (prefix, instance, announcement, at_ms) VALUES (?, ?, ?, ?)"),
+                (self.prefix, peers.instance, peers.announcement(hello=hello).decode(), now),
+            )
+
+    def maintain(self) -> None:
+        """Hear the announcements written since the last look, and answer a hello."""
+        peers = self._peers
+        if peers is None:
+            return
+        try:
+            with self._rows() as db:
+                rows = db.execute(
+                    "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
+                    (self.prefix, self._heard),
+                ).fetchall()
+            for row_id, announcement in rows:
+                self._heard = row_id
+                peers.heard(announcement)
+            if peers.answer_due:
+                self._announce(hello=False)
+        except self.failure_errors as exc:
+            logger.debug("anarchon: announcements not shared through %s (%s)", self.describe(), _first_line(exc))
+
+    # -- history --------------------------------------------------------------------------------
+
+    def record(self, job: str, event: bytes, history_size: int) -> bool:
+        return self.record_many([(job, event, history_size)]) == 1
+
+    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
+        kept = [(job, event.decode(), size) for job, event, size in events if decode_event(event) is not None]
+        if not kept:
+            return 0
+        try:
+            with self._rows() as db:
+                db.executemany(
+                    "INSERT INTO anarchon_events (prefix, job, event) VALUES (?, ?, ?)",
+                    [(self.prefix, job, event) for job, event, _ in kept],
+                )
+                for job, size in {job: size for job, _, size in kept}.items():
+                    db.execute(
+                        "DELETE FROM anarchon_events WHERE prefix = ? AND job = ? AND id <= "
+                        "(SELECT id FROM anarchon_events WHERE prefix = ? AND job = ? ORDER BY id DESC "
+                        "LIMIT 1 OFFSET ?)",
+                        (self.prefix, job, self.prefix, job, size * (EVENTS_PER_RUN + 1)),
+                    )
+        except self.failure_errors as exc:
+            logger.warning(
+                "anarchon: %d history event(s) not written to %s (%s)", len(kept), self.describe(), _first_line(exc)
+            )
+            return 0
+        return len(kept)
+
+    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
+        if not jobs:
+            return found
+        try:
+            with self._rows() as db:
+                rows = db.execute(
+                    f"SELECT job, event FROM anarchon_events WHERE prefix = ? AND job IN "
+                    f"({', '.join('?' * len(found))}) ORDER BY id",
+                    (self.prefix, *found),
+                ).fetchall()
+        except self.failure_errors as exc:
+            raise BrokerUnavailable(f"cannot read history from {self.describe()}: {_first_line(exc)}") from exc
+        for job, event in rows:
+            decoded = decode_event(event.encode())
+            if decoded is not None:
+                found[job].append(decoded)
+        return found
+
+
+class _Placeholders:
+    """A connection whose statements are written with ``?`` placeholders."""
+
+    def __init__(self, raw: Any, sql: Any) -> None:
+        self.raw, self._sql = raw, sql
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        return self.raw.execute(self._sql(statement), params)
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> Any:
+        if not rows:
+            return None
+        target = self.raw if hasattr(self.raw, "executemany") else self.raw.cursor()
+        return target.executemany(self._sql(statement), rows)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,266 @@
+"""SQLiteBackend: runs decided in one SQLite database file, for the instances of one host.
+
+Every beat instance (or ``worker -B``) of the host opens the same file. A claim is one
+``BEGIN IMMEDIATE`` transaction per batch, so the database's write lock orders the claims, and
+each job keeps a cursor: the latest slot decided. A run is won only while its slot is past the
+cursor, which moves to it, so a run decided once is never won again, however late an instance
+comes, and no safety rule binds ``max_late_ms`` to how long the runs are remembered. Times are
+read in the transaction from SQLite's own clock (the host's), never from the instance's, so an
+instance whose clock is wrong can neither win a run early nor win it twice.
+
+History events, and the instances' job definitions (see :mod:`.peers`), are rows of the same file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BrokerUnavailable, ConfigError
+from .base import Claim, Outcome
+from .ordered import decide
+from .sql import SqlBackend
+
+__all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
+
+logger = logging.getLogger(__name__)
+
+#: The store's clock, in epoch milliseconds, as SQLite reads it ('now' is fixed within a statement).
+_NOW = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+
+#: File systems on which SQLite's locks cannot be trusted across hosts (and often not at all).
+NETWORK_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "davfs"}
+)
+
+SCHEMA = 1
+_TABLES = """
+CREATE TABLE IF NOT EXISTS anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS anarchon_jobs (
+    prefix TEXT NOT NULL, job TEXT NOT NULL,
+    cursor INTEGER NOT NULL,              -- every slot at or below it is decided
+    PRIMARY KEY (prefix, job)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS anarchon_runs (
+    prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
+    holder TEXT NOT NULL,                 -- the instance that runs it
+    token INTEGER NOT NULL,               -- fencing token: 1 for the first winner
+    state TEXT NOT NULL,                  -- claimed
+    decided_ms INTEGER NOT NULL,          -- the store's time of the win
+    deadline_ms INTEGER,                  -- the latest the run may be sent
+    PRIMARY KEY (prefix, job, slot)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
+CREATE TABLE IF NOT EXISTS anarchon_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prefix TEXT NOT NULL, job TEXT NOT NULL,
+    event TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
+CREATE TABLE IF NOT EXISTS anarchon_peers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prefix TEXT NOT NULL, instance TEXT NOT NULL,
+    announcement TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
+);
+"""
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite://`` URL, as SQLAlchemy reads it: ``sqlite:///app.db`` is relative
+    to the working directory, ``sqlite:////var/lib/app.db`` absolute."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///":
+        raise ConfigError(
+            f"invalid SQLite URL {url!r}: use sqlite:///relative/file.db or sqlite:////absolute/file.db "
+            "(a file on a local disk, shared by the instances of one host)"
+        )
+    path = url[len("sqlite:///") :].split("?", 1)[0]
+    if path in (":memory:", ""):
+        raise ConfigError(
+            f"{url!r}: an in-memory SQLite database is not shared between processes; use memory:// for tests, or a file"
+        )
+    return path
+
+
+def network_file_system(path: str | os.PathLike[str], mounts: str | None = None) -> str | None:
+    """The type of the network file system holding ``path`` (per ``/proc/mounts``, or the
+    ``mounts`` text given), or None: a local one, or none could be told."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    target = os.path.realpath(os.path.abspath(os.fspath(path)))
+    best, best_type = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, best_type = point, fields[2]
+    if best_type is None:
+        return None
+    base = best_type.split(".", 1)[1] if best_type.startswith("fuse.") else best_type
+    return best_type if base in NETWORK_FILE_SYSTEMS or best_type == "fuse.sshfs" else None
+
+
+class SQLiteBackend(SqlBackend):
+    """Decides runs in a SQLite database file shared by the instances of one host.
+
+    Arguments:
+        path: the database file (created if need be, with its tables). It must be on a local
+            disk: SQLite's locks do not hold on a network file system, and one is refused when
+            it can be told (``/proc/mounts``).
+        prefix: the deployment's name in the file: several deployments may share one.
+        slot_ttl_ms: how long the record of a run won is kept (it serves nothing after its
+            send). Runs are never decided twice whatever it is: each job's cursor says so.
+        timeout: seconds a claim waits for the database's write lock (another process writing)
+            before its runs are given up as not decided.
+    """
+
+    clock_name = "the database's clock"
+    failure_errors = (sqlite3.Error, BrokerUnavailable)
+    now_sql = _NOW
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        timeout: float = 5.0,
+    ) -> None:
+        super().__init__(prefix, slot_ttl_ms, timeout)
+        self.path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._pid = 0
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> SQLiteBackend:
+        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+
+    # -- the connection -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            self._connection()
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open database (opened, or opened again in a forked child, whose parent's
+        connection must not be used). Raises BrokerUnavailable or ConfigError."""
+        if self._db is not None and self._pid == os.getpid():
+            return self._db
+        self._db = None
+        remote = network_file_system(self.path)  # the file's real place, through any symlink
+        if remote is not None:
+            raise ConfigError(
+                f"SQLite database {self.path} is on a network file system ({remote}), where SQLite's "
+                "locks do not hold: a run could be won twice. Put it on a local disk, or use the "
+                "Redis or PostgreSQL backend for instances on several hosts"
+            )
+        try:
+            db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ConfigError(f"SQLite database {self.path} cannot use write-ahead logging (journal mode {mode})")
+            # A run won must stay won through a power cut: FULL syncs the log at every commit.
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_TABLES)
+            db.execute(
+                "INSERT INTO anarchon_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING",
+                (str(SCHEMA),),
+            )
+            schema = db.execute("SELECT value FROM anarchon_meta WHERE key = 'schema'").fetchone()[0]
+            if schema != str(SCHEMA):
+                raise ConfigError(
+                    f"SQLite database {self.path} has anarchon schema {schema}; this release reads schema {SCHEMA}"
+                )
+        except sqlite3.Error as exc:
+            db.close()
+            raise BrokerUnavailable(f"cannot use SQLite database {self.path}: {exc}") from exc
+        except ConfigError:
+            db.close()
+            raise
+        self._db, self._pid = db, os.getpid()
+        return db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Any:
+        """One ``BEGIN IMMEDIATE`` transaction (the write lock taken at once): committed at the
+        end of the block, rolled back if it raises."""
+        with self._lock:
+            db = self._connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")  # a failed commit decides nothing: its runs are not won
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+        """One ``BEGIN IMMEDIATE`` transaction: the cursors of the claims' jobs read, the claims
+        decided (:func:`.ordered.decide`), the wins written. (A local commit's answer is never
+        lost: ``recover`` is not needed.)"""
+        jobs = sorted({claim.job for claim in claims})
+        with self._transaction() as db:
+            now = db.execute(_NOW).fetchone()[0]
+            found = db.execute(
+                f"SELECT job, cursor FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
+                (self.prefix, *jobs),
+            ).fetchall()
+            cursors: dict[str, int | None] = dict(found)
+            results = decide(claims, now, cursors)
+            won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
+            db.executemany(
+                "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
+                "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor",
+                [(self.prefix, job, cursors[job]) for job in sorted({claim.job for claim in won})],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
+                "deadline_ms) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?)",
+                [(self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms) for claim in won],
+            )
+        return results
+
+    def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
+        return int(db.execute(sql, params).lastrowid or 0)
+
+    def check_claims(self) -> None:
+        """Take the write lock and let it go: a read-only file or directory fails here."""
+        try:
+            with self._transaction() as db:
+                db.execute("DELETE FROM anarchon_runs WHERE 0")
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot write to SQLite database {self.path}: {exc}") from exc
+
+    def store_version(self) -> str:
+        """What the store is, for ``check``."""
+        return f"SQLite {sqlite3.sqlite_version}, write-ahead log"
+
+    def describe(self) -> str:
+        return f"SQLite database {self.path} (prefix {self.prefix!r})"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None and self._pid == os.getpid():
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.close()
+            self._db = None

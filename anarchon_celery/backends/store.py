@@ -1,0 +1,145 @@
+"""What the backends on a store with a cursor per job (Redis, PostgreSQL, SQLite) share: the claim
+loop around a store's own decision (see :mod:`.ordered`), and how an outage of the store is told.
+
+A store answers each claim on its own clock. A claim a little early (at most
+:data:`EARLY_WAIT_MS`) waits for its slot and is made again inside the same call; one further
+ahead is EARLY, for the scheduler to make again later. When the store's answer may have been lost
+with its connection, the claims are made once more on a new one, saying so: the store then counts
+a run that this instance holds already as won (the first answer's win), never as lost.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from ..errors import ConfigError
+from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+
+__all__ = ["EARLY_WAIT_MS", "StoreBackend"]
+
+logger = logging.getLogger(__name__)
+
+#: A claim found early by at most this much on the store's clock waits for its slot in the claim.
+EARLY_WAIT_MS = 1_000
+
+
+class StoreBackend(Backend):
+    """A backend whose store decides each job's runs in slot order behind a cursor."""
+
+    forgets_runs = False
+    #: How the store's clock is named in logs ("Redis's clock").
+    clock_name = "the store's clock"
+    #: Errors after which the answer to a claim may have been lost: made again once, recovering.
+    answer_lost_errors: tuple[type[BaseException], ...] = ()
+    #: Errors that leave the claims undecided (the store is unreachable, or refused).
+    failure_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float) -> None:
+        self.prefix = check_prefix(prefix)
+        self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.timeout = float(timeout)
+        self._outage_since: float | None = None
+        self._missed = 0
+
+    @abc.abstractmethod
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+        """Decide the claims in one atomic step of the store; returns each one's outcome with the
+        milliseconds it is early by (EARLY) or late by (UNDECIDED), else 0. With ``recover``, a
+        run already decided that ``instance`` holds is WON."""
+
+    @abc.abstractmethod
+    def store_now_ms(self) -> int:
+        """The store's clock, in epoch milliseconds."""
+
+    @abc.abstractmethod
+    def store_version(self) -> str:
+        """What the store is (name and version), for ``check``."""
+
+    def claim(
+        self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None
+    ) -> list[Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        todo = list(range(len(claims)))
+        recover = waited = False
+        while todo:
+            try:
+                answers = self._decide([claims[i] for i in todo], instance, recover)
+            except self.answer_lost_errors as exc:
+                if not recover:  # once more, on a new connection: a win whose answer was lost is found
+                    recover = True
+                    logger.info("anarchon: claiming again on a new connection to %s (%s)", self.describe(), exc)
+                    continue
+                self._failed("decide claims", exc)
+                self._missed += len(todo)
+                break
+            except self.failure_errors as exc:
+                self._failed("decide claims", exc)
+                self._missed += len(todo)
+                break
+            self._recovered()
+            soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
+            for i, (outcome, amount) in zip(todo, answers):
+                if outcome is Outcome.EARLY and not waited and amount <= EARLY_WAIT_MS:
+                    soon.append((i, amount))
+                    continue
+                outcomes[i] = outcome
+                if outcome is Outcome.UNDECIDED:
+                    logger.warning(
+                        "anarchon: job %r slot %d: past its deadline by %d ms on %s; not run by this instance",
+                        claims[i].job,
+                        claims[i].slot,
+                        amount,
+                        self.clock_name,
+                    )
+                elif outcome is Outcome.WON and on_won is not None:
+                    try:
+                        on_won(claims[i])
+                    except Exception:  # the run is won all the same
+                        logger.exception("anarchon: job %r slot %d: on_won failed", claims[i].job, claims[i].slot)
+            if not soon:
+                break
+            time.sleep(max(amount for _, amount in soon) / 1000)
+            waited = True
+            todo = [i for i, _ in soon]
+        self._after_claims()
+        return [outcomes.get(i, Outcome.UNDECIDED) for i in range(len(claims))]
+
+    def _after_claims(self) -> None:
+        """Housekeeping after each claim call (pruning old records); never raises."""
+        return None
+
+    # -- outages ----------------------------------------------------------------------------------
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Note an outage of the store: logged once, and once more when it ends, with the runs
+        missed meanwhile."""
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.error(
+                "anarchon: %s cannot %s (%s: %s); runs due meanwhile are not run by this instance",
+                self.describe(),
+                what,
+                type(exc).__name__,
+                exc,
+            )
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            logger.warning(
+                "anarchon: %s is back after %.1fs; %d run(s) were not claimed meanwhile",
+                self.describe(),
+                time.monotonic() - self._outage_since,
+                self._missed,
+            )
+            self._outage_since, self._missed = None, 0
+
+    def in_outage(self) -> bool:
+        return self._outage_since is not None
+
+    def missed(self, count: int) -> None:
+        self._missed += count

@@ -1,0 +1,147 @@
+"""The PostgreSQL backend against the real server: real processes racing, a commit's answer lost
+with its connection, the server gone and back, another instance's lock held, its clock deciding,
+what it warns of. Every row under the test's prefix is deleted afterwards."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from anarchon_celery import Claim, ConfigError, Outcome, PostgresBackend
+
+from .proxy import Proxy
+
+
+def _open(url: str, prefix: str, **kwargs: Any) -> PostgresBackend:
+    backend = PostgresBackend(url, prefix=prefix, **kwargs)
+    backend.open()
+    return backend
+
+
+@pytest.fixture
+def proxy(postgres_url: str) -> Any:
+    parts = urlsplit(postgres_url)
+    proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    yield proxy
+    proxy.close()
+
+
+def _through(proxy: Proxy, postgres_url: str) -> str:
+    parts = urlsplit(postgres_url)
+    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl()
+
+
+class _LosesTheFirstAnswer(PostgresBackend):
+    """The first batch is committed on the server, then its connection goes before the answer
+    could be read, as when a network drops the commit's reply."""
+
+    lost = False
+
+    def _decide(self, claims: Any, instance: str, recover: bool) -> Any:
+        import psycopg
+
+        results = super()._decide(claims, instance, recover)
+        if not self.lost:
+            self.lost = True
+            self._db.close()
+            self._db = None
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return results
+
+
+def test_a_claim_whose_commit_answer_was_lost_is_found_won_on_a_new_connection(
+    postgres_url: str, postgres_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    backend = _LosesTheFirstAnswer(postgres_url, prefix=postgres_prefix)
+    rival = _open(postgres_url, postgres_prefix)
+    # job 1 slot 1 is the rival's already: it stays lost; the others were won by the lost commit.
+    assert rival.claim([Claim("job", 1)], "b") == [Outcome.WON]
+    claims = [Claim("job", 1), Claim("job", 2), Claim("other", 5)]
+    assert backend.claim(claims, "a") == [Outcome.LOST, Outcome.WON, Outcome.WON]
+    assert backend.lost and "claiming again on a new connection" in caplog.text
+    assert rival.claim(claims, "b") == [Outcome.LOST] * 3
+    assert (backend.holder("job", 2), backend.holder("other", 5)) == ("a", "a")
+    backend.close()
+    rival.close()
+
+
+def test_postgres_gone_leaves_runs_undecided_and_says_when_it_is_back(
+    postgres_url: str, postgres_prefix: str, proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    backend = _open(_through(proxy, postgres_url), postgres_prefix, timeout=1)
+    proxy.close()  # the server's port refuses connections
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.UNDECIDED] * 2
+    assert backend.in_outage()
+    back = Proxy(proxy.target, port=proxy.port)
+    try:
+        assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]  # never decided: still free
+    finally:
+        back.close()
+        backend.close()
+    assert caplog.text.count("cannot decide claims") == 1
+    assert "is back after" in caplog.text and "2 run(s) were not claimed meanwhile" in caplog.text
+
+
+def test_a_lock_held_past_the_timeout_leaves_the_runs_undecided(postgres_url: str, postgres_prefix: str) -> None:
+    import psycopg
+
+    backend = _open(postgres_url, postgres_prefix, timeout=0.5)
+    assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]
+    with psycopg.connect(postgres_url) as other:  # another instance, stuck in its transaction
+        other.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = %s FOR UPDATE", (postgres_prefix,))
+        assert backend.claim([Claim("job", 2)], "a") == [Outcome.UNDECIDED]
+    assert backend.claim([Claim("job", 2)], "a") == [Outcome.WON]
+    backend.close()
+
+
+def test_runs_are_decided_on_postgres_clock(postgres_url: str, postgres_prefix: str) -> None:
+    backend = _open(postgres_url, postgres_prefix)
+    now = backend.store_now_ms()
+    claims = [
+        Claim("ahead", now + 60_000),  # an instance whose clock is a minute ahead
+        Claim("soon", now + 300),  # a little early: waits for its slot
+        Claim("behind", now - 5_000, deadline_ms=now - 1_000),  # its deadline is past on the server's clock
+    ]
+    assert backend.claim(claims, "a") == [Outcome.EARLY, Outcome.WON, Outcome.UNDECIDED]
+    assert backend.holder("ahead", now + 60_000) is None
+    assert backend.claim([Claim("ahead", now - 1)], "b") == [Outcome.WON]  # the cursor did not move
+    backend.close()
+
+
+def test_asynchronous_commits_are_warned_of(
+    postgres_url: str, postgres_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{postgres_url}?options=-c%20synchronous_commit%3Doff"
+    with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
+        _open(url, postgres_prefix).close()
+    assert "synchronous_commit off" in caplog.text
+
+
+def test_an_unreachable_server_is_a_clear_error_without_its_password(postgres_prefix: str) -> None:
+    from .proxy import free_port
+
+    backend = PostgresBackend(f"postgresql://me:s3cret@127.0.0.1:{free_port()}/db", prefix=postgres_prefix, timeout=1)
+    with pytest.raises(Exception, match="does not answer") as info:
+        backend.open()
+    assert "s3cret" not in str(info.value) and "me:**@" in str(info.value)
+    assert backend.claim([Claim("job", 1)], "a") == [Outcome.UNDECIDED]
+    shown = PostgresBackend("host=db password=s3cret dbname=x", prefix=postgres_prefix).describe()
+    assert "s3cret" not in shown and "password=**" in shown
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"url": ""}, "needs a postgresql:// URL"),
+        ({"url": "postgresql://x/y", "timeout": 0}, "timeout must be a positive number"),
+        ({"url": "postgresql://x/y", "prefix": "bad prefix"}, "invalid prefix"),
+    ],
+)
+def test_bad_options_are_clear_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PostgresBackend(**kwargs)

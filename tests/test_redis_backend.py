@@ -1,0 +1,143 @@
+"""The Redis backend against the real Redis: real processes racing, a claim's answer lost with its
+connection, Redis gone and back, its clock deciding, what it warns of. Every key under the test's
+prefix is deleted afterwards."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from anarchon_celery import Claim, ConfigError, Outcome, RedisBackend
+
+from .proxy import Proxy, free_port
+
+
+def _open(url: str, prefix: str, **kwargs: Any) -> RedisBackend:
+    backend = RedisBackend(url, prefix=prefix, **kwargs)
+    backend.open()
+    return backend
+
+
+def _through(proxy: Proxy, redis_url: str) -> str:
+    parts = urlsplit(redis_url)
+    return f"redis://127.0.0.1:{proxy.port}{parts.path}"
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Any:
+    parts = urlsplit(redis_url)
+    proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 6379))
+    yield proxy
+    proxy.close()
+
+
+def test_a_claim_whose_answer_was_lost_is_found_won_on_a_new_connection(
+    redis_url: str, redis_prefix: str, proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    backend = _open(_through(proxy, redis_url), redis_prefix, timeout=5)
+    rival = _open(redis_url, redis_prefix)
+    assert backend.claim([Claim("warm", 1)], "a") == [Outcome.WON]  # the script is loaded
+    proxy.stall()  # Redis runs the script; its answer is held, then the connection cut
+
+    def cut() -> None:
+        time.sleep(0.5)
+        proxy.cut()
+        proxy.resume()
+
+    threading.Thread(target=cut).start()
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.WON, Outcome.WON]
+    assert "claiming again on a new connection" in caplog.text
+    assert rival.claim([Claim("job", 1), Claim("job", 2)], "b") == [Outcome.LOST, Outcome.LOST]
+    assert backend.holder("job", 1) == "a"
+    backend.close()
+    rival.close()
+
+
+def test_redis_gone_leaves_runs_undecided_and_says_when_it_is_back(
+    redis_url: str, redis_prefix: str, proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon_celery")
+    backend = _open(_through(proxy, redis_url), redis_prefix, timeout=0.5)
+    proxy.close()  # Redis's port refuses connections
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.UNDECIDED] * 2
+    assert backend.in_outage()
+    backend.missed(1)
+    back = Proxy(proxy.target, port=proxy.port)
+    try:
+        assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]  # never decided: still free
+    finally:
+        back.close()
+    assert not backend.in_outage()
+    assert caplog.text.count("cannot decide claims") == 1
+    assert "is back after" in caplog.text and "3 run(s) were not claimed meanwhile" in caplog.text
+    backend.close()
+
+
+def test_an_unreachable_redis_is_a_clear_error(redis_prefix: str) -> None:
+    backend = RedisBackend(f"redis://:s3cret@127.0.0.1:{free_port()}/0", prefix=redis_prefix, timeout=1)
+    with pytest.raises(Exception, match="does not answer") as info:
+        backend.open()
+    assert "s3cret" not in str(info.value)
+    assert backend.claim([Claim("job", 1)], "a") == [Outcome.UNDECIDED]
+
+
+def test_runs_are_decided_on_redis_clock(redis_url: str, redis_prefix: str) -> None:
+    backend = _open(redis_url, redis_prefix)
+    now = backend.store_now_ms()
+    claims = [
+        Claim("ahead", now + 60_000),  # an instance whose clock is a minute ahead
+        Claim("soon", now + 300),  # a little early: waits for its slot
+        Claim("behind", now - 5_000, deadline_ms=now - 1_000),  # its deadline is past on Redis's clock
+    ]
+    assert backend.claim(claims, "a") == [Outcome.EARLY, Outcome.WON, Outcome.UNDECIDED]
+    assert backend.holder("ahead", now + 60_000) is None
+    assert backend.claim([Claim("ahead", now - 1)], "b") == [Outcome.WON]  # the cursor did not move
+    backend.close()
+
+
+def test_an_evicting_redis_is_warned_of(redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
+            _open(redis_url, redis_prefix).close()
+    finally:
+        client.config_set("maxmemory-policy", before)
+        client.close()
+    assert "maxmemory-policy allkeys-lru" in caplog.text and "noeviction" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"url": "amqp://localhost"}, "needs a redis:// or rediss:// URL"),
+        ({"url": None}, "needs a redis:// or rediss:// URL"),
+        ({"client": object()}, "client must be a redis.Redis"),
+        ({"timeout": 0}, "timeout must be a positive number"),
+        ({"prefix": "bad prefix"}, "invalid prefix"),
+    ],
+)
+def test_bad_options_are_clear_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RedisBackend(**kwargs)
+
+
+def test_a_callers_client_is_used_and_never_closed(redis_url: str, redis_prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    backend = RedisBackend(client=client, prefix=redis_prefix)
+    backend.open()
+    assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]
+    backend.close()
+    assert client.ping()
+    client.close()
