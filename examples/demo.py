@@ -404,14 +404,12 @@ def _report(
     window_end: int,
 ) -> dict[str, Any]:
     # The jobs, as the scheduler sees them: import the demo app with the same settings.
-    for key in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER", "ANARCHON_DEMO_BACKEND", "ANARCHON_DEMO_FOLDER"):
-        if key in env:
-            os.environ[key] = env[key]
-        else:
-            os.environ.pop(key, None)
+    os.environ.update({k: env[k] for k in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER")})
     sys.path.insert(0, str(HERE))
-    sys.modules.pop("demo_app", None)  # configured from the variables just set
     import demo_app
+
+    # This run's settings, also when an earlier run of this process imported the app first.
+    demo_app.app.conf.update(anarchon_prefix=prefix, anarchon_backend=env.get("ANARCHON_DEMO_BACKEND") or None)
 
     import anarchon_celery
     from anarchon_celery import Settings, task_id_for
