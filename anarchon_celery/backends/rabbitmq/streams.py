@@ -20,6 +20,10 @@ from .names import history_arguments, history_name
 logger = logging.getLogger(__name__)
 
 
+#: What RabbitMQ says to a consumer of a stream whose member on the node has not started yet.
+_STARTING = "does not have a replica on the local node"
+
+
 class StreamRead:
     """Reading history streams to their end. Per job, a consumer from the stream's last chunk
     tells where its end is: its first delivery is where that chunk starts. Once the reader from
@@ -221,7 +225,19 @@ class Streams:
             )
 
     def read(self, jobs: Sequence[str], empty_s: float = 0.5) -> dict[str, list[dict[str, Any]]]:
-        """See :meth:`RabbitMQBackend.read_history`."""
+        """See :meth:`RabbitMQBackend.read_history`. A stream whose member is still starting on
+        the node (just declared: RabbitMQ refuses its consumers with 406 "does not have a replica
+        on the local node") is read again a moment later, for ``confirm_timeout`` at most."""
+        deadline = time.monotonic() + self.link.confirm_timeout
+        while True:
+            try:
+                return self._read(jobs, empty_s)
+            except BrokerError as exc:
+                if _STARTING not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _read(self, jobs: Sequence[str], empty_s: float) -> dict[str, list[dict[str, Any]]]:
         events: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
         link = self.link
         try:
