@@ -2,7 +2,8 @@
 
 Each job keeps a cursor (a row of ``anarchon_jobs``), the latest slot decided. A batch locks its
 jobs' cursor rows in job order (``FOR UPDATE``: instances never deadlock, and each sees the cursor
-the last one committed), decides its claims (:func:`.ordered.decide`) on ``now()``, and writes
+the last one committed), decides its claims (:func:`.ordered.decide`) on the server's clock read once the locks are
+held, and writes
 the wins, so a run decided once is never won again, however late an instance comes. A win is
 recorded with its instance: a claim whose commit's answer was lost with the connection is made
 again on a new one, and finds its own win.
@@ -186,7 +187,6 @@ class PostgresBackend(SqlBackend):
     def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
         jobs = sorted({claim.job for claim in claims})
         with self._transaction() as db:
-            now = db.execute(_NOW).fetchone()[0]
             # Every job's cursor row exists, then is locked, in job order.
             db.execute(
                 "INSERT INTO anarchon_jobs (prefix, job, cursor) SELECT %s, job, -1 FROM unnest(%s::text[]) AS job "
@@ -198,6 +198,9 @@ class PostgresBackend(SqlBackend):
                 (self.prefix, jobs),
             ).fetchall()
             cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor in rows}
+            # The clock read once the locks are held (now() is the transaction's start, which may
+            # be as long ago as the wait for another instance's lock).
+            now = db.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[0]
             before = dict(cursors)
             results = decide(claims, now, cursors)
             if recover:  # a run this instance already holds was won by the try whose answer was lost
