@@ -2,9 +2,9 @@
 
 Each job keeps a cursor (a row of ``anarchon_jobs``), the latest slot decided. A batch locks its
 jobs' cursor rows in job order (``FOR UPDATE``: instances never deadlock, and each sees the cursor
-the last one committed), decides its claims (:func:`.ordered.decide`) on the server's clock read once the locks are
-held, and writes
-the wins, so a run decided once is never won again, however late an instance comes. A win is
+the last one committed), decides its claims (:func:`.ordered.decide`) on the server's clock read
+once the locks are held, and writes the wins, so a run decided once is never won again, however
+late an instance comes. A win is
 recorded with its instance: a claim whose commit's answer was lost with the connection is made
 again on a new one, and finds its own win.
 
