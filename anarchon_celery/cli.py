@@ -21,8 +21,9 @@ from typing import Any
 import click
 
 from . import clock
-from .backends import PostgresBackend, RabbitMQBackend, RedisBackend, SQLiteBackend
+from .backends import RabbitMQBackend
 from .backends.rabbitmq import survey
+from .backends.store import StoreBackend
 from .control import (
     Deployment,
     configure,
@@ -290,7 +291,7 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
         backend.open()
         if isinstance(backend, RabbitMQBackend):
             return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, backend.server_version))}"
-        if isinstance(backend, (SQLiteBackend, RedisBackend, PostgresBackend)):  # the store's clock decides
+        if isinstance(backend, StoreBackend):  # the store's clock decides
             skew = clock.now_ms() - backend.store_now_ms()
             shown = f"{backend.store_version()}; this host's clock {skew:+d} ms off the store's"
             if abs(skew) > CLOCK_WARNING_MS:

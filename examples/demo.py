@@ -416,7 +416,7 @@ def _report(
     from anarchon_celery.jobs import collect_jobs
 
     settings = Settings.from_app(demo_app.app)
-    jobs = collect_jobs(demo_app.app, settings, settings.prefix, settings.slot_ttl_ms, forgets_runs=False)
+    jobs = collect_jobs(demo_app.app, settings, settings.prefix, settings.slot_ttl_ms)
 
     from kombu import Connection
 

@@ -141,7 +141,6 @@ class RedisBackend(StoreBackend):
         self._peers: Peers | None = None
         self._heard = "$"
         self._checked = False
-        self.server_version: tuple[int, ...] = ()
         self._version_text = "?"
 
     @classmethod
@@ -163,7 +162,6 @@ class RedisBackend(StoreBackend):
         if version < (5, 0):
             found = info.get("redis_version")
             raise ConfigError(f"{self.describe()} is Redis {found}: anarchon_celery needs Redis 5 or newer")
-        self.server_version = version
         self._version_text = str(info.get("redis_version"))
         self._warn_about_eviction()
         self._checked = True
