@@ -112,6 +112,7 @@ class Link:
         self._forgetters: list[Callable[[], None]] = []
         self._outage_since: float | None = None
         self._outage_missed = 0  # runs not claimed during the current outage
+        self._outage_unrecorded = 0  # history events not written during the current outage
         self._outage_reminded = 0.0  # time.monotonic() of its last line
 
     @property
@@ -233,6 +234,17 @@ class Link:
     def missed(self, count: int) -> None:
         self._outage_missed += count
 
+    def unrecorded(self, count: int) -> None:
+        """``count`` history events were not written during the current outage (reported,
+        with the runs missed, when it ends)."""
+        self._outage_unrecorded += count
+
+    def history_timeout(self) -> float | None:
+        """How long a history write may spend reconnecting: ``confirm_timeout``, but during an
+        outage one attempt (None), or every event written after a failed claim would hold the
+        next claims up by as much."""
+        return None if self.in_outage() else self.confirm_timeout
+
     def outage(self, exc: BaseException) -> None:
         """One line when an outage starts, then one every ``outage_reminder_s`` while it lasts."""
         now = time.monotonic()
@@ -240,7 +252,7 @@ class Link:
         shown = reason or f"is unavailable ({type(exc).__name__}: {exc})"
         if self._outage_since is None:
             self._outage_since = self._outage_reminded = now
-            self._outage_missed = 0
+            self._outage_missed = self._outage_unrecorded = 0
             logger.warning(
                 "anarchon: RabbitMQ at %s %s; reconnecting with back-off. Runs due meanwhile are not run by "
                 "this instance",
@@ -259,14 +271,16 @@ class Link:
 
     def _recovered(self) -> None:
         if self._outage_since is not None:
+            unrecorded = self._outage_unrecorded
             logger.warning(
-                "anarchon: RabbitMQ at %s is back after %.1fs; %d run(s) were not claimed meanwhile",
+                "anarchon: RabbitMQ at %s is back after %.1fs; %d run(s) were not claimed meanwhile%s",
                 self.connection.as_uri(),
                 time.monotonic() - self._outage_since,
                 self._outage_missed,
+                f", {unrecorded} history event(s) not recorded" if unrecorded else "",
             )
             self._outage_since = None
-            self._outage_missed = 0
+            self._outage_missed = self._outage_unrecorded = 0
 
 
 def refusal(exc: BaseException, connection: Connection) -> str | None:

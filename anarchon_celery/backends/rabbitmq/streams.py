@@ -106,7 +106,7 @@ class Streams:
         message = amqp.Message(event, content_type="application/json", delivery_mode=2)
         for attempt in range(1, attempts + 1):
             try:
-                self.link.connect(self.link.confirm_timeout)
+                self.link.connect(self.link.history_timeout())
                 self._ensure(name, history_size)
                 if self._recorder is None or not self._recorder.is_open:
                     self._recorder = self.link.connection.connection.channel()
@@ -131,6 +131,10 @@ class Streams:
                 # A history event is safe to write again (the fold ignores repeats); RabbitMQ 3.10
                 # answers two clients creating one stream at once with 541, closing a connection.
                 self.link.discard(connection_lost=True)
+                if self.link.in_outage():  # counted in the one line that ends the outage
+                    logger.debug("anarchon: job %r: history event not recorded, RabbitMQ is unavailable", job)
+                    self.link.unrecorded(1)
+                    return False
                 if attempt == attempts:
                     logger.warning(
                         "anarchon: job %r: history event not recorded (%s: %s)", job, type(exc).__name__, exc
@@ -146,7 +150,7 @@ class Streams:
         unconfirmed = list(range(len(events)))
         connection_failed = False
         try:
-            self.link.connect(self.link.confirm_timeout)
+            self.link.connect(self.link.history_timeout())
             for job, _, history_size in events:
                 self._ensure(history_name(self.prefix, job), history_size)
             raw = self.link.connection.connection
@@ -193,10 +197,11 @@ class Streams:
             elif connection_failed:
                 # RabbitMQ is not answering: one event at a time, each with its retries, would hold
                 # up the next claims for as long as the outage lasts.
-                logger.warning(
-                    "anarchon: %d history event(s) not recorded, RabbitMQ is unavailable",
-                    len(unconfirmed) - done - 1,
-                )
+                left = len(unconfirmed) - done - 1
+                if self.link.in_outage():
+                    self.link.unrecorded(left)
+                elif left:
+                    logger.warning("anarchon: %d history event(s) not recorded, RabbitMQ is unavailable", left)
                 break
         return recorded
 
