@@ -17,9 +17,9 @@ from .backends import Backend, RabbitMQBackend, backend_for
 from .backends.rabbitmq import history_name
 from .errors import BrokerError, ConfigError
 from .history import Run, encode_event, fold
-from .jobs import JOB_NAME_RE, Job, collect_jobs
+from .jobs import CLAIM_ONLY, JOB_NAME_RE, Job, collect_jobs
 from .sending import instance_id, send_run, task_connection
-from .settings import Settings
+from .settings import LEASE_SETTINGS, Settings
 
 __all__ = [
     "ManualRun",
@@ -60,7 +60,18 @@ def configure(app: Any) -> Deployment:
     """Read and check the app's configuration as the scheduler does (no broker I/O)."""
     settings = Settings.from_app(app)
     backend = backend_for(app, settings)
-    jobs = collect_jobs(app, settings, backend.prefix, backend.slot_ttl_ms, forgets_runs=backend.forgets_runs)
+    if not backend.leases:
+        for key in LEASE_SETTINGS:
+            if key in settings.given:
+                raise ConfigError(f"anarchon_{key} is not available: {CLAIM_ONLY}")
+    jobs = collect_jobs(
+        app,
+        settings,
+        backend.prefix,
+        backend.slot_ttl_ms,
+        forgets_runs=backend.forgets_runs,
+        leases=backend.leases,
+    )
     return Deployment(settings, backend, {job.name: job for job in jobs})
 
 

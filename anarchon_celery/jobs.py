@@ -19,7 +19,7 @@ from kombu.serialization import dumps
 
 from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
-from .settings import MINIMUMS, Settings, check_minimum
+from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_minimum
 
 __all__ = ["Job", "check_arguments", "collect_jobs", "cron", "definition", "live_gates", "task_id_for"]
 
@@ -27,22 +27,35 @@ JOB_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 
 #: Per-job keys of a ``beat_schedule`` entry (``@cron`` takes the same as keyword arguments).
 JOB_KEYS = frozenset(
-    {"task", "schedule", "args", "kwargs", "options", "jitter_ms", "max_late_ms", "history_size", "tz", "relative"}
+    {
+        "task",
+        "schedule",
+        "args",
+        "kwargs",
+        "options",
+        "jitter_ms",
+        "max_late_ms",
+        "history_size",
+        "tz",
+        "relative",
+        "backup_runners",
+    }
 )
 
-_LEASE_BACKENDS = (
-    "it needs a backend that holds leases, and neither of anarchon_celery's backends does yet: "
-    "RabbitMQ's is claim only, and SQLite's decides each run once but holds no lease"
+#: Why a backend without leases takes no lease option.
+CLAIM_ONLY = (
+    "the RabbitMQ backend is claim only (a winner that dies before sending loses its run). Use a "
+    "backend that holds leases: anarchon_backend = 'redis://…', 'postgresql://…' or 'sqlite:///…'"
 )
-#: Options of anarchon that no backend of anarchon_celery offers yet, with why.
+_NOT_YET = "anarchon_celery does not offer it yet"
+#: Options of anarchon that anarchon_celery does not take, with why.
 REFUSED_KEYS = {
-    "backup_runners": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
-    "backups": f"backup runners need a lease that a backup could check: {_LEASE_BACKENDS}",
-    "no_overlap": f"overlap protection needs a lease held while the task runs: {_LEASE_BACKENDS}",
-    "overlap": f"overlap protection needs a lease held while the task runs: {_LEASE_BACKENDS}",
-    "catch_up": f"catch-up needs to know which past runs happened: {_LEASE_BACKENDS}",
-    "hand_over": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
-    "handover": f"hand-over needs a lease to hand over: {_LEASE_BACKENDS}",
+    "backups": "the key is backup_runners",
+    "no_overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
+    "overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
+    "catch_up": f"catch-up replays the runs missed: {_NOT_YET}",
+    "hand_over": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
+    "handover": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
     "history_ttl_ms": "history is trimmed by size only (a RabbitMQ stream, or rows of the store): use history_size",
 }
 
@@ -75,6 +88,8 @@ class Job:
     jitter_ms: int
     max_late_ms: int
     history_size: int
+    #: How many instances that lose a run's claim are armed as its backups (0 without leases).
+    backup_runners: int = 0
 
     def next_slot(self, after_ms: int) -> int:
         """The first slot strictly after ``after_ms``."""
@@ -117,7 +132,9 @@ def _unknown_key_error(job: str, key: str) -> ConfigError:
     return ConfigError(f"{where}: unknown key {key!r}.{hint} Known keys: {', '.join(sorted(JOB_KEYS))}")
 
 
-def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt.tzinfo) -> Job:
+def make_job(
+    name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt.tzinfo, *, leases: bool = False
+) -> Job:
     """Build and validate one job from a ``beat_schedule``-style entry."""
     if not isinstance(name, str) or not JOB_NAME_RE.match(name):
         raise ConfigError(
@@ -173,7 +190,20 @@ def make_job(name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt
         jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms")),
         max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
         history_size=_check_int(name, "history_size", setting("history_size")),
+        backup_runners=_backup_runners(name, entry, settings, leases),
     )
+
+
+def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, leases: bool) -> int:
+    given = entry.get("backup_runners")
+    if given is not None and not leases:
+        raise ConfigError(f"job {name!r}: backup_runners is not available: {CLAIM_ONLY}")
+    if not leases:
+        return 0
+    value = _check_int(name, "backup_runners", settings.backup_runners if given is None else given)
+    if value > MAX_BACKUP_RUNNERS:
+        raise ConfigError(f"job {name!r}: backup_runners must be at most {MAX_BACKUP_RUNNERS}, not {value}")
+    return value
 
 
 def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True) -> None:
@@ -271,6 +301,7 @@ def cron(
     jitter_ms: int | None = None,
     max_late_ms: int | None = None,
     history_size: int | None = None,
+    backup_runners: int | None = None,
     args: tuple[Any, ...] | list[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -297,6 +328,7 @@ def cron(
         ("jitter_ms", jitter_ms),
         ("max_late_ms", max_late_ms),
         ("history_size", history_size),
+        ("backup_runners", backup_runners),
         ("options", options),
     ):
         if value is not None:
@@ -340,7 +372,7 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def collect_jobs(
-    app: Any, settings: Settings, prefix: str, slot_ttl_ms: int, *, forgets_runs: bool = True
+    app: Any, settings: Settings, prefix: str, slot_ttl_ms: int, *, forgets_runs: bool = True, leases: bool = False
 ) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
@@ -362,7 +394,7 @@ def collect_jobs(
     jobs: dict[str, Job] = {}
     registered = app.tasks
     for name, entry in entries:
-        job = make_job(name, entry, settings, app_tz)
+        job = make_job(name, entry, settings, app_tz, leases=leases)
         if name in jobs:
             raise ConfigError(
                 f"two jobs are named {name!r}: give one another name (@cron(name=...) or another beat_schedule key)"

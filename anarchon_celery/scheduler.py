@@ -46,12 +46,18 @@ class _Due(NamedTuple):
     due_ms: int  # slot + this instance's jitter; for a claim made again, when it is made
     slot: int
     job: str
-    planned_ms: int = 0  # a claim made again (its gate was away): when it was first due
+    planned_ms: int = 0  # a claim made again (its gate was away), or a backup's try: when it was first due
+    backup: int = 0  # a backup's try at taking the run over: its rank (1 first)
 
 
 #: Milliseconds between the claims of a run whose gate is away (its RabbitMQ node down or cut
 #: off), made again until the run's deadline.
 AWAY_RETRY_MS = 1_000
+#: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
+#: lease runs out, the second this much later, and so on, so that they do not all ask at once.
+BACKUP_STAGGER_MS = 500
+#: A backup comes back this long after the lease's end, so that the store finds it over.
+BACKUP_MARGIN_MS = 20
 
 
 class Scheduler(beat.Scheduler):
@@ -139,6 +145,7 @@ class Scheduler(beat.Scheduler):
             self._connect_sender()
         self._defer_stop_signals()
         self._check_footprint(backend, start)
+        self._check_leases(backend)
         if reachable:
             logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
         else:
@@ -168,6 +175,22 @@ class Scheduler(beat.Scheduler):
                 streams,
                 gates + 2 * streams,
             )
+
+    def _check_leases(self, backend: Backend) -> None:
+        """Warn about jobs whose backups could never act: their runs' deadline comes before the
+        winner's lease runs out."""
+        if not backend.leases:
+            return
+        for job in self.jobs.values():
+            if job.backup_runners and backend.lease_ms + BACKUP_MARGIN_MS >= job.max_late_ms:
+                logger.warning(
+                    "anarchon: job %r: max_late_ms (%d) is not longer than the winner's lease (anarchon_lease_ms "
+                    "%d): its backups can never take a run over, and a winner that dies before sending loses "
+                    "the run. Raise max_late_ms or lower anarchon_lease_ms",
+                    job.name,
+                    job.max_late_ms,
+                    backend.lease_ms,
+                )
 
     def _defer_stop_signals(self) -> None:
         """SIGTERM or SIGINT during a claim or a send waits for them to finish (beat's own handler
@@ -309,8 +332,12 @@ class Scheduler(beat.Scheduler):
     def _run(self, due: list[_Due], now: int) -> list[_Done]:
         """Claim the due runs (taken off the queue at ``now``) and send the tasks of those won;
         returns each run won, with how its send ended. The jobs' next runs are queued by the caller."""
+        backups = [item for item in due if item.backup]
+        done = self._take_over(backups, now) if backups else []
         claims: list[Claim] = []
         for item in due:
+            if item.backup:
+                continue
             job = self.jobs[item.job]
             # Lateness counts from this instance's planned claim (slot + its jitter), so the
             # last claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
@@ -326,18 +353,88 @@ class Scheduler(beat.Scheduler):
                     job.max_late_ms,
                 )
                 continue
-            claims.append(Claim(job.name, item.slot, deadline_ms=planned + job.max_late_ms))
-        return self._claim(claims, now) if claims else []
+            claims.append(Claim(job.name, item.slot, deadline_ms=planned + job.max_late_ms, backups=job.backup_runners))
+        return done + (self._claim(claims, now) if claims else [])
+
+    def _take_over(self, due: list[_Due], now: int) -> list[_Done]:
+        """The tries of runs this instance is a backup for (their winners' leases ran out): a
+        run still not sent is taken over and its task sent, with the run's next fencing token."""
+        assert self.backend is not None
+        backend = self.backend
+        claims = []
+        for item in due:
+            job = self.jobs[item.job]
+            claims.append(Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms))
+        logger.debug("anarchon: trying %d run(s) as a backup", len(claims))
+        answers = backend.take_over(claims, self.instance)
+        runs = []
+        for item, claim, answer in zip(due, claims, answers):
+            if answer.kind == "won":
+                logger.info(
+                    "anarchon: job %r slot %d: its winner did not send it within its lease; taken over (token %d)",
+                    claim.job,
+                    claim.slot,
+                    answer.value,
+                )
+                runs.append(self._outgoing(claim, now, answer.value))
+            elif answer.kind in ("held", "undecided"):
+                wait = answer.value if answer.kind == "held" else AWAY_RETRY_MS
+                self._arm(claim, item.backup, wait, item.planned_ms)
+            elif answer.kind == "late" and item.backup == 1:
+                logger.warning(
+                    "anarchon: job %r slot %d: its winner did not send it, and its deadline passed (by %d ms) "
+                    "before a backup could take it over",
+                    claim.job,
+                    claim.slot,
+                    answer.value,
+                )
+            else:
+                logger.debug("anarchon: job %r slot %d: backup not needed (%s)", claim.job, claim.slot, answer.kind)
+        return self._send_held(runs) if runs else []
+
+    def _arm(self, claim: Claim, rank: int, wait_ms: int, planned_ms: int) -> None:
+        """Come back as the run's backup number ``rank`` once ``wait_ms`` more of its lease has
+        run out (later by rank), if that is before the run's deadline."""
+        due = clock.now_ms() + wait_ms + (rank - 1) * BACKUP_STAGGER_MS + BACKUP_MARGIN_MS
+        if claim.deadline_ms is not None and due > claim.deadline_ms:
+            logger.debug("anarchon: job %r slot %d: its lease outlasts its deadline; no backup", claim.job, claim.slot)
+            return
+        heapq.heappush(self._queue, _Due(due, claim.slot, claim.job, planned_ms, rank))
+
+    def _outgoing(self, claim: Claim, now: int, token: int = 0) -> Outgoing:
+        task_id = task_id_for(self.backend.prefix if self.backend else "", claim.job, claim.slot)
+        return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now, token)
+
+    def _send_held(self, runs: list[Outgoing]) -> list[_Done]:
+        """Send runs held on a lease and settle their leases: marked sent, or handed back (their
+        backups take them over) when the send failed."""
+        done = self._send(runs)
+        backend = self.backend
+        if backend is None or not backend.leases:
+            return done
+        sent = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is None and d.run.token]
+        failed = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is not None and d.run.token]
+        for (job, slot, token), marked in zip(sent, backend.mark_sent(sent, self.instance)):
+            if not marked:
+                logger.debug(
+                    "anarchon: job %r slot %d: taken over meanwhile (our token %d); the workers run one of them",
+                    job,
+                    slot,
+                    token,
+                )
+        if failed and backend.hand_back(failed, self.instance):
+            logger.info("anarchon: %d run(s) whose send failed handed back to their backups", len(failed))
+        return done
 
     def _claim(self, claims: list[Claim], now: int) -> list[_Done]:
         assert self.backend is not None
         logger.debug("anarchon: claiming %d run(s)", len(claims))
         backend = self.backend
         won: dict[tuple[str, int], Outgoing] = {}
+        token = 1 if backend.leases else 0  # a first win's; a takeover's is the next
 
         def outgoing(claim: Claim) -> Outgoing:
-            task_id = task_id_for(backend.prefix, claim.job, claim.slot)
-            return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now)
+            return self._outgoing(claim, now, token)
 
         def on_won(claim: Claim) -> None:
             # Written at once, while the other claims are still being answered.
@@ -350,8 +447,12 @@ class Scheduler(beat.Scheduler):
             outcomes = backend.claim(claims, self.instance, on_won=on_won)
         except BaseException:
             if won:  # the tasks written are still confirmed, and logged
-                self._send(list(won.values()))
+                self._send_held(list(won.values()))
             raise
+        for armed in backend.armed():
+            claim = armed.claim
+            deadline = claim.deadline_ms if claim.deadline_ms is not None else now
+            self._arm(claim, armed.rank, armed.lease_left_ms, deadline - self.jobs[claim.job].max_late_ms)
         runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.AWAY or outcome is Outcome.EARLY:
@@ -360,7 +461,7 @@ class Scheduler(beat.Scheduler):
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
                 runs.append(outgoing(claim))
-        return self._send(runs) if runs else []
+        return self._send_held(runs) if runs else []
 
     def _claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
         """Queue the claim of a run again, a moment later, if its deadline allows: its gate is

@@ -57,6 +57,8 @@ class Outgoing(NamedTuple):
     run_id: str
     trigger: str
     deadline_ms: int
+    #: The run's fencing token on a backend with leases (0: none), carried in the message.
+    token: int = 0
 
 
 def instance_id() -> str:
@@ -64,15 +66,19 @@ def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_headers(job: Job, *, slot: int, run_id: str, trigger: str) -> dict[str, Any]:
-    """The headers a run's task message carries, on top of the job's own."""
-    return {
+def run_headers(job: Job, *, slot: int, run_id: str, trigger: str, token: int = 0) -> dict[str, Any]:
+    """The headers a run's task message carries, on top of the job's own: with a fencing token
+    (``anarchon_token``) on a backend with leases, which the worker checks before it starts."""
+    headers = {
         **dict(job.options.get("headers") or {}),
         "anarchon_job": job.name,
         "anarchon_slot": slot,
         "anarchon_run": run_id,
         "anarchon_trigger": trigger,
     }
+    if token:
+        headers["anarchon_token"] = token
+    return headers
 
 
 def task_connection(app: Any, **options: Any) -> Any:
@@ -270,7 +276,9 @@ class TaskSender:
         connection = self.connection
         run = runs[i]
         options = dict(run.job.options)
-        options["headers"] = run_headers(run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger)
+        options["headers"] = run_headers(
+            run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger, token=run.token
+        )
         confirms.runs[run.task_id] = i
         try:
             task = self.app.tasks[run.job.task]

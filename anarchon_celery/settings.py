@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULTS", "MINIMUMS", "Settings"]
+__all__ = ["DEFAULTS", "LEASE_SETTINGS", "MAX_BACKUP_RUNNERS", "MINIMUMS", "Settings"]
 
 DEFAULTS: dict[str, Any] = {
     "anarchon_backend": None,
@@ -19,12 +19,27 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_max_late_ms": 60_000,
     "anarchon_history_size": 100,
     "anarchon_lead_ms": 10_000,
+    "anarchon_backup_runners": 2,
+    "anarchon_lease_ms": 5_000,
 }
+
+#: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
+LEASE_SETTINGS = ("backup_runners", "lease_ms")
+#: The most backups a run may have.
+MAX_BACKUP_RUNNERS = 10
 
 #: The smallest value of each integer setting. ``jitter_ms``, ``max_late_ms`` and
 #: ``history_size`` are also per-job keys, which :func:`anarchon_celery.jobs.make_job` checks
 #: against the same minimums: a default that every job would refuse is refused as a setting.
-MINIMUMS: dict[str, int] = {"slot_ttl_ms": 1, "jitter_ms": 0, "max_late_ms": 1, "history_size": 0, "lead_ms": 0}
+MINIMUMS: dict[str, int] = {
+    "slot_ttl_ms": 1,
+    "jitter_ms": 0,
+    "max_late_ms": 1,
+    "history_size": 0,
+    "lead_ms": 0,
+    "backup_runners": 0,
+    "lease_ms": 100,
+}
 
 _OURS = "anarchon_"
 
@@ -116,10 +131,16 @@ class Settings:
     max_late_ms: int = 60_000
     history_size: int = 100
     lead_ms: int = 10_000
+    backup_runners: int = 2
+    lease_ms: int = 5_000
+    #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
+    given: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for key, minimum in MINIMUMS.items():
             check_minimum(f"{_OURS}{key}", getattr(self, key), minimum)
+        if self.backup_runners > MAX_BACKUP_RUNNERS:
+            raise ConfigError(f"{_OURS}backup_runners must be at most {MAX_BACKUP_RUNNERS}, not {self.backup_runners}")
         if not isinstance(self.prefix, str):
             raise ConfigError(f"{_OURS}prefix must be a string, not {self.prefix!r}")
 
@@ -138,12 +159,15 @@ class Settings:
         if error is not None:
             raise error
         values: dict[str, Any] = {}
+        given = set()
         for name, default in DEFAULTS.items():
             key = name[len(_OURS) :]
             value = conf.get(name)  # Celery looks under the namespace first
+            if value is not None:
+                given.add(key)
             values[key] = default if value is None and key != "backend" else value
             if key in MINIMUMS:  # named as the user wrote it
                 check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
             elif key == "prefix" and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
-        return cls(**values)
+        return cls(**values, given=frozenset(given))

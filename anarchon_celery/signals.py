@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from celery.signals import task_postrun, task_prerun, task_revoked, worker_process_shutdown, worker_shutdown
 
-from . import clock
+from . import clock, fencing
 from .history import encode_event
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush", "run_headers_of"]
@@ -381,7 +381,8 @@ def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
 
 @task_prerun.connect
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
-    if task is not None:
+    # A task refused by its run's lease (a second message of the run) is not run: no history.
+    if task is not None and fencing.check(task):
         _record(task, task.request, "running")
 
 

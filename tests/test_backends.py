@@ -64,18 +64,18 @@ def make_backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) ->
         postgres_url = request.getfixturevalue("postgres_url")
         prefix = request.getfixturevalue("postgres_prefix")  # its rows deleted after the test
 
-    def make() -> Backend:
+    def make(lease_ms: int = 5_000) -> Backend:
         backend: Backend
         if request.param == "rabbitmq":
             backend = rabbit(broker_url, prefix)
         elif request.param == "redis":
-            backend = RedisBackend(redis_url, prefix=prefix)
+            backend = RedisBackend(redis_url, prefix=prefix, lease_ms=lease_ms)
             backend.open()
         elif request.param == "postgres":
-            backend = PostgresBackend(postgres_url, prefix=prefix)
+            backend = PostgresBackend(postgres_url, prefix=prefix, lease_ms=lease_ms)
             backend.open()
         elif request.param == "sqlite":
-            backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix)
+            backend = SQLiteBackend(tmp_path / "anarchon.db", prefix=prefix, lease_ms=lease_ms)
             backend.open()
         else:
             backend = shared_memory
@@ -156,16 +156,169 @@ def test_slots_and_jobs_are_independent(make_backend: Any) -> None:
     assert backend.claim(claims, "i") == [Outcome.WON] * len(claims)
 
 
-def _open_kind(kind: str, target: str, prefix: str) -> Backend:
+# -- leases: backup runners and fencing tokens, on every backend ------------------------------------
+
+
+def _due_run(backend: Backend, job: str = "job", backups: int = 2) -> Claim:
+    """A run due now on the store's clock (or this host's), with a minute to its deadline."""
+    now = backend.store_now_ms() if hasattr(backend, "store_now_ms") else clock.now_ms()
+    return Claim(job, now - 10, deadline_ms=now + 60_000, backups=backups)
+
+
+def test_a_claim_only_backend_holds_no_lease(make_backend: Any) -> None:
+    backend = make_backend()
+    if backend.leases:
+        pytest.skip("a backend with leases")
+    run = _due_run(backend)
+    assert backend.claim([run], "a") == [Outcome.WON]
+    assert backend.claim([run], "b") == [Outcome.LOST]
+    assert backend.armed() == []  # nobody is a backup
+    with pytest.raises(NotImplementedError, match="holds no leases"):
+        backend.take_over([run], "b")
+
+
+def test_losers_are_armed_as_backups_up_to_the_number_wanted(make_backend: Any) -> None:
+    backend = make_backend()
+    if not backend.leases:
+        pytest.skip("claim only")
+    run = _due_run(backend, backups=2)
+    assert backend.claim([run], "a") == [Outcome.WON]
+    assert backend.armed() == []  # the winner is nobody's backup
+    ranks = []
+    for loser in ("b", "c", "d"):
+        assert backend.claim([run], loser) == [Outcome.LOST]
+        ranks.append([(armed.claim, armed.rank) for armed in backend.armed()])
+    assert ranks == [[(run, 1)], [(run, 2)], []]
+    assert backend.armed() == []  # each told once
+    untended = _due_run(backend, job="untended", backups=0)
+    backend.claim([untended], "a")
+    assert backend.claim([untended], "b") == [Outcome.LOST] and backend.armed() == []
+
+
+def test_a_backup_takes_a_run_over_only_once_the_lease_has_run_out(make_backend: Any) -> None:
+    backend = make_backend(lease_ms=400)
+    if not backend.leases:
+        pytest.skip("claim only")
+    run = _due_run(backend)
+    backend.claim([run], "a")
+    backend.claim([run], "b")
+    (armed,) = backend.armed()
+    assert 0 < armed.lease_left_ms <= 400
+    (early,) = backend.take_over([run], "b")
+    assert early.kind == "held" and 0 < early.value <= 400
+    time.sleep(armed.lease_left_ms / 1000 + 0.05)
+    assert [t.kind for t in backend.take_over([run], "b")] == ["won"]
+    assert backend.take_over([run], "b")[0].value == 2  # asked again (an answer lost): still its own
+    assert backend.take_over([run], "c")[0].kind == "held"  # the new holder's lease
+    assert backend.mark_sent([("job", run.slot, 1)], "a") == [False]  # the first winner, too late
+    assert backend.mark_sent([("job", run.slot, 2)], "b") == [True]
+    assert backend.take_over([run], "c")[0].kind == "done"
+
+
+def test_a_run_sent_in_time_is_never_taken_over(make_backend: Any) -> None:
+    backend = make_backend(lease_ms=100)
+    if not backend.leases:
+        pytest.skip("claim only")
+    run = _due_run(backend)
+    backend.claim([run], "a")
+    assert backend.mark_sent([("job", run.slot, 1)], "a") == [True]
+    backend.claim([run], "b")
+    assert backend.armed() == []  # sent: no backup needed
+    time.sleep(0.15)
+    assert backend.take_over([run], "c")[0].kind == "done"
+
+
+def test_no_takeover_past_the_runs_deadline(make_backend: Any) -> None:
+    backend = make_backend(lease_ms=100)
+    if not backend.leases:
+        pytest.skip("claim only")
+    now = backend.store_now_ms()
+    run = Claim("job", now - 10, deadline_ms=now + 150, backups=1)
+    backend.claim([run], "a")
+    time.sleep(0.3)
+    (late,) = backend.take_over([run], "b")
+    assert late.kind == "late" and late.value > 0
+
+
+def test_the_worker_starts_a_run_once_and_only_with_its_current_token(make_backend: Any) -> None:
+    backend = make_backend(lease_ms=100)
+    if not backend.leases:
+        pytest.skip("claim only")
+    run = _due_run(backend)
+    backend.claim([run], "a")
+    time.sleep(0.15)
+    assert backend.take_over([run], "b")[0].value == 2
+    assert backend.start_run("job", run.slot, 1, False) is False  # the first winner's late message
+    assert backend.start_run("job", run.slot, 2, False) is True
+    assert backend.start_run("job", run.slot, 2, False) is False  # a second message of the same token
+    assert backend.start_run("job", run.slot, 2, True) is True  # delivered again: its worker died
+    assert backend.start_run("job", run.slot + 1, 1, False) is None  # a run it does not know
+    assert backend.take_over([run], "c")[0].kind == "done"  # started: nothing to take over
+
+
+def test_a_lease_handed_back_is_taken_over_at_once(make_backend: Any) -> None:
+    backend = make_backend(lease_ms=60_000)
+    if not backend.leases:
+        pytest.skip("claim only")
+    run = _due_run(backend)
+    backend.claim([run], "a")
+    assert backend.hand_back([("job", run.slot, 1)], "b") == 0  # not its lease
+    assert backend.hand_back([("job", run.slot, 1)], "a") == 1
+    (taken,) = backend.take_over([run], "b")
+    assert (taken.kind, taken.value) == ("won", 2)
+    assert backend.hand_back([("job", run.slot, 1)], "a") == 0  # its token is not current any more
+
+
+def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:
+    kind, target, prefix, me, start = args
+    backend = _open_kind(kind, target, prefix, lease_ms=100)
+    runs = [Claim("race", slot, deadline_ms=None, backups=1) for slot in range(1000, 1040)]
+    start.wait()
+    try:
+        return [f"{t.kind}:{t.value}" for t in backend.take_over(runs, f"p{me}")]
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "postgres"])
+def test_processes_taking_the_same_runs_over_get_one_new_holder_each(
+    kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
+) -> None:
+    target = {
+        "sqlite": lambda: str(tmp_path / "race.db"),
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[kind]()
+    if kind in ("redis", "postgres"):
+        prefix = request.getfixturevalue(f"{kind}_prefix")
+    first = _open_kind(kind, target, prefix, lease_ms=100)
+    try:  # 40 runs won by a winner that then dies: its leases run out
+        assert first.claim([Claim("race", slot) for slot in range(1000, 1040)], "dead") == [Outcome.WON] * 40
+    finally:
+        first.close()
+    time.sleep(0.2)
+    processes = 4
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        start = manager.Barrier(processes)
+        with ctx.Pool(processes) as pool:
+            results = pool.map(_take_over_race, [(kind, target, prefix, i, start) for i in range(processes)])
+    for n in range(40):
+        answers = Counter(result[n].split(":")[0] for result in results)
+        assert answers == {"won": 1, "held": processes - 1}, (n, answers)
+        assert [r[n] for r in results if r[n].startswith("won")] == ["won:2"]
+
+
+def _open_kind(kind: str, target: str, prefix: str, lease_ms: int = 5_000) -> Backend:
     backend: Backend
     if kind == "rabbitmq":
         backend = RabbitMQBackend(target, prefix=prefix, slot_ttl_ms=60_000)
     elif kind == "redis":
-        backend = RedisBackend(target, prefix=prefix)
+        backend = RedisBackend(target, prefix=prefix, lease_ms=lease_ms)
     elif kind == "postgres":
-        backend = PostgresBackend(target, prefix=prefix)
+        backend = PostgresBackend(target, prefix=prefix, lease_ms=lease_ms)
     else:
-        backend = SQLiteBackend(target, prefix=prefix)
+        backend = SQLiteBackend(target, prefix=prefix, lease_ms=lease_ms)
     backend.open()
     return backend
 

@@ -114,19 +114,38 @@ def test_bad_entries_fail_with_the_job_named(bad: Any, message: str) -> None:
 @pytest.mark.parametrize(
     "key, what",
     [
-        ("backup_runners", "backup runners"),
-        ("backups", "backup runners"),
+        ("backups", "the key is backup_runners"),
         ("no_overlap", "overlap protection"),
         ("catch_up", "catch-up"),
-        ("hand_over", "hand-over"),
+        ("hand_over", "a backend with leases hands over by itself on SIGTERM"),
     ],
 )
-def test_lease_options_are_refused_with_why(key: str, what: str) -> None:
+def test_options_not_offered_are_refused_with_why(key: str, what: str) -> None:
     with pytest.raises(ConfigError) as info:
         jobs_of(make_app(beat_schedule={"j": entry(**{key: True})}))
+    assert f"job 'j': {key} is not available: {what}" in str(info.value)
+
+
+def test_backup_runners_are_refused_on_a_claim_only_backend() -> None:
+    with pytest.raises(ConfigError) as info:
+        jobs_of(make_app(beat_schedule={"j": entry(backup_runners=1)}))
     message = str(info.value)
-    assert f"job 'j': {key} is not available: {what}" in message
-    assert "a backend that holds leases" in message and "SQLite's decides each run once" in message
+    assert "job 'j': backup_runners is not available: the RabbitMQ backend is claim only" in message
+    assert "redis://" in message and "sqlite:///" in message
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [(None, 2), (0, 0), (1, 1), (10, 10), (11, "at most 10"), (-1, ">= 0"), (True, ">= 0"), ("2", ">= 0")],
+)
+def test_backup_runners_with_leases(given: Any, expected: int | str) -> None:
+    app = make_app(beat_schedule={"j": entry() if given is None else entry(backup_runners=given)})
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=f"job 'j': .*backup_runners must be .*{expected}"):
+            collect_jobs(app, Settings.from_app(app), "cron.", 300_000, leases=True)
+    else:
+        (job,) = collect_jobs(app, Settings.from_app(app), "cron.", 300_000, leases=True)
+        assert job.backup_runners == expected
 
 
 def test_history_ttl_is_refused() -> None:
@@ -514,7 +533,7 @@ def test_namespaced_settings_are_read() -> None:
         ("CELERY", "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
         (None, "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
         (None, "ANARCHON_PREFIX", "unknown setting ANARCHON_PREFIX (did you mean anarchon_prefix?)"),
-        (None, "anarchon_zzz", "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_history_size"),
+        (None, "anarchon_zzz", "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_backup_runners, anarchon_history_size"),
         (
             "CELERY",
             "CELERY_ANARCHON_ZZZ",

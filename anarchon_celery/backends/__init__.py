@@ -33,7 +33,7 @@ def backend_for(app: Any, settings: Settings) -> Backend:
     """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ."""
     chosen = settings.backend
     if isinstance(chosen, Backend):
-        for key in ("prefix", "slot_ttl_ms"):
+        for key in ("prefix", "slot_ttl_ms", *(("lease_ms",) if chosen.leases else ())):
             given = app.conf.get(f"anarchon_{key}")
             if given is not None and given != getattr(chosen, key):
                 raise ConfigError(
@@ -47,7 +47,10 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             transport = connection.transport_cls
             if transport in REDIS_SCHEMES:
                 return RedisBackend.from_url(
-                    connection.as_uri(include_password=True), prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms
+                    connection.as_uri(include_password=True),
+                    prefix=settings.prefix,
+                    slot_ttl_ms=settings.slot_ttl_ms,
+                    lease_ms=settings.lease_ms,
                 )
             if transport not in AMQP_SCHEMES:
                 raise ConfigError(
@@ -65,11 +68,17 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                 _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
             return _MEMORY[shared]
         if scheme in REDIS_SCHEMES:
-            return RedisBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+            return RedisBackend.from_url(
+                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+            )
         if scheme in POSTGRES_SCHEMES:
-            return PostgresBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+            return PostgresBackend.from_url(
+                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+            )
         if scheme == "sqlite":
-            return SQLiteBackend.from_url(chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+            return SQLiteBackend.from_url(
+                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+            )
         if scheme in AMQP_SCHEMES:
             return RabbitMQBackend(
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["Backend", "Claim", "Outcome", "check_prefix", "check_slot_ttl"]
+__all__ = ["Armed", "Backend", "Claim", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]*\Z")
 
@@ -70,6 +70,32 @@ class Claim:
     job: str
     slot: int
     deadline_ms: int | None = None
+    #: On a backend with leases: how many of the instances that lose this claim are armed as
+    #: the run's backups (see :meth:`Backend.armed`).
+    backups: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Armed:
+    """This instance lost ``claim`` and is the run's backup number ``rank`` (1 first): it tries
+    to take the run over once the winner's lease has run out, ``lease_left_ms`` after the
+    answer (plus a stagger by rank), in case the winner died before sending its task."""
+
+    claim: Claim
+    rank: int
+    lease_left_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """A backup's try at a run (see :meth:`Backend.take_over`): ``kind`` is ``"won"`` (this
+    instance now holds the run: ``value`` is its fencing token), ``"held"`` (the lease runs
+    for ``value`` more milliseconds), ``"done"`` (sent or started: no backup needed),
+    ``"late"`` (past the run's deadline by ``value`` ms) or ``"undecided"`` (the store could
+    not be reached)."""
+
+    kind: str
+    value: int = 0
 
 
 class Backend(abc.ABC):
@@ -113,6 +139,43 @@ class Backend(abc.ABC):
         (its outcome is then ``WON``), before the others are answered, so that its task can be
         sent at once. It must not raise.
         """
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    #: Whether a run won holds a lease that backups can take over: the winner has
+    #: ``lease_ms`` to send its task and mark it sent (:meth:`mark_sent`), and the messages carry
+    #: a fencing token that the worker checks (:meth:`start_run`). False: claim only.
+    leases: bool = False
+    #: How long a winner's lease lasts, in milliseconds (0 without leases).
+    lease_ms: int = 0
+
+    def armed(self) -> list[Armed]:
+        """The runs whose claims this instance lost in the last :meth:`claim` call and for which
+        it was armed as a backup (only claims with ``backups``); each is returned once."""
+        return []
+
+    def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
+        """Backups' tries at runs (one :class:`Takeover` per claim, in order): a run still not
+        sent whose lease has run out, before its deadline, is taken over by ``instance`` with the
+        next fencing token. Never raises for store trouble (``"undecided"``)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no leases")
+
+    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool]:
+        """The tasks of ``(job, slot, token)`` were sent by ``instance``: their leases are done.
+        False for a run another holder took over meanwhile (or the store could not be reached:
+        the lease then runs out, and a backup finds the task sent by the worker's check)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no leases")
+
+    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        """May the task of a run, carrying ``token``, start on a worker? It is marked started if
+        so. None when the run is unknown here (its record is gone). Raises the store's errors."""
+        raise NotImplementedError(f"{type(self).__name__} holds no leases")
+
+    def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        """Give up the leases of runs ``(job, slot, token)`` that ``instance`` holds and will not
+        send, so that their backups take them over without waiting; returns how many were
+        given back. Never raises for store trouble."""
+        return 0
 
     def prepare(self, claims: Sequence[Claim]) -> None:
         """Get ready for claims to come shortly (within the scheduler's ``lead_ms``), so that

@@ -28,6 +28,7 @@ from ..errors import BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend, _first_line
+from .store import DEFAULT_LEASE_MS, Answer
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresBackend"]
 
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 _NOW = "SELECT (extract(epoch FROM now()) * 1000)::bigint"
+#: The server's clock as it is now, not at the transaction's start: read once rows are locked.
+_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -46,12 +49,14 @@ CREATE TABLE IF NOT EXISTS anarchon_jobs (
 CREATE TABLE IF NOT EXISTS anarchon_runs (
     prefix text NOT NULL, job text NOT NULL, slot bigint NOT NULL,
     holder text NOT NULL,                  -- the instance that runs it
-    token integer NOT NULL,                -- fencing token: 1 for the first winner
-    state text NOT NULL,                   -- claimed
+    token integer NOT NULL,                -- fencing token: 1 for the first winner, +1 a takeover
+    state text NOT NULL,                   -- claimed, sent, started
     decided_ms bigint NOT NULL,            -- the server's time of the win
     deadline_ms bigint,                    -- the latest the run may be sent
     PRIMARY KEY (prefix, job, slot)
 );
+ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS lease_end_ms bigint NOT NULL DEFAULT 0;  -- the holder's lease
+ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS backups integer NOT NULL DEFAULT 0;  -- backups armed
 CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
 CREATE TABLE IF NOT EXISTS anarchon_events (
     id bigserial PRIMARY KEY,
@@ -86,14 +91,24 @@ class PostgresBackend(SqlBackend):
             whatever it is: each job's cursor says so.
         timeout: seconds to connect, and the longest a statement (or a wait for another
             instance's lock) may take before its claims are given up as not decided.
+        lease_ms: how long a winner holds its run before the run's backups may take it over
+            (see :mod:`.leases`).
     """
 
     clock_name = "PostgreSQL's clock"
     placeholder = "%s"
     now_sql = _NOW
 
-    def __init__(self, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, timeout: float = 5.0) -> None:
-        super().__init__(prefix, slot_ttl_ms, timeout)
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        timeout: float = 5.0,
+        lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> None:
+        super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         psycopg = _psycopg()
         if not isinstance(url, str) or not url:
             raise ConfigError(f"PostgresBackend needs a postgresql:// URL or a libpq connection string, not {url!r}")
@@ -107,8 +122,10 @@ class PostgresBackend(SqlBackend):
         self._version = "?"
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> PostgresBackend:
-        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+    def from_url(
+        cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> PostgresBackend:
+        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms)
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -184,7 +201,10 @@ class PostgresBackend(SqlBackend):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+    lock_rows = " FOR UPDATE"
+    locked_now_sql = _CLOCK
+
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
         jobs = sorted({claim.job for claim in claims})
         with self._transaction() as db:
             # Every job's cursor row exists, then is locked, in job order.
@@ -200,7 +220,7 @@ class PostgresBackend(SqlBackend):
             cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor in rows}
             # The clock read once the locks are held (now() is the transaction's start, which may
             # be as long ago as the wait for another instance's lock).
-            now = db.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[0]
+            now = db.execute(_CLOCK).fetchone()[0]
             before = dict(cursors)
             results = decide(claims, now, cursors)
             if recover:  # a run this instance already holds was won by the try whose answer was lost
@@ -231,20 +251,21 @@ class PostgresBackend(SqlBackend):
                 )
             if won:
                 db.execute(
-                    "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms) "
-                    "SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline FROM "
+                    "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms, "
+                    "lease_end_ms, backups) SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline, %s, 0 FROM "
                     "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS v(job, slot, deadline) "
                     "ON CONFLICT (prefix, job, slot) DO NOTHING",
                     (
                         self.prefix,
                         instance,
                         now,
+                        now + self.lease_ms,
                         [c.job for c in won],
                         [c.slot for c in won],
                         [c.deadline_ms for c in won],
                     ),
                 )
-        return results
+            return self._arm(db, claims, results, now)
 
     def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
         return int(db.execute(sql + " RETURNING id", params).fetchone()[0])

@@ -23,8 +23,9 @@ from typing import Any
 from ..errors import BrokerUnavailable, ConfigError
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
+from .leases import RunRecord
 from .peers import Peers
-from .store import StoreBackend
+from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
 __all__ = ["REDIS_SCHEMES", "RedisBackend"]
 
@@ -34,19 +35,26 @@ REDIS_SCHEMES = ("redis", "rediss")
 #: Announcements of job definitions kept in the stream (a few per instance start).
 PEERS_KEPT = 1_000
 
-# KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
-# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
-# counts as won: the answer of an earlier try was lost), then job, slot, deadline (-1: none)
-# for each claim. Returns, per claim: "won", "lost", "undecided" or "early:<ms>".
-_CLAIM = """
-local prefix, instance, ttl, recover = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
+# The store's clock, in the scripts: TIME, as epoch milliseconds (number and text).
+_TIME = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+"""
+
+# KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
+# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
+# counts as won: the answer of an earlier try was lost), lease_ms, then job, slot, deadline (-1:
+# none) and backups wanted for each claim. Returns, per claim: "won", "lost", "undecided:<ms>",
+# "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a backup).
+_CLAIM = (
+    _TIME
+    + """
+local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', tonumber(ARGV[5])
 local out = {}
-local i = 5
+local i = 6
 while i <= #ARGV do
-  local job, slot_text, deadline = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local slot = tonumber(slot_text)
   local cursor_key = prefix .. 'cursor.' .. job
   local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
@@ -57,23 +65,115 @@ while i <= #ARGV do
   else
     local cursor = tonumber(redis.call('GET', cursor_key))
     if cursor and cursor >= slot then
-      if recover and redis.call('HGET', run_key, 'holder') == instance then
+      local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
+      local run_deadline = tonumber(run[5])
+      if recover and run[1] == instance then
         out[#out + 1] = 'won'
+      elseif wanted > 0 and run[2] == 'claimed' and tonumber(run[3]) < wanted
+          and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
+        local rank = redis.call('HINCRBY', run_key, 'backups', 1)
+        out[#out + 1] = 'backup:' .. string.format('%d', math.max(0, tonumber(run[4]) - now)) .. ':' .. rank
       else
         out[#out + 1] = 'lost'
       end
     else
       redis.call('SET', cursor_key, slot_text)
       redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
-                 'deadline_ms', ARGV[i + 2])
+                 'deadline_ms', ARGV[i + 2], 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
       redis.call('PEXPIRE', run_key, ttl)
       out[#out + 1] = 'won'
     end
   end
-  i = i + 3
+  i = i + 4
 end
 return out
 """
+)
+
+# ARGV: prefix, instance, lease_ms, then job and slot for each run. Per run: "won:<token>",
+# "held:<ms left>", "done:0" or "late:<ms>" (see leases.take_over).
+_TAKE_OVER = (
+    _TIME
+    + """
+local prefix, instance, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+for i = 4, #ARGV, 2 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms', 'deadline_ms')
+  local deadline = tonumber(run[5])
+  if run[3] ~= 'claimed' then
+    out[#out + 1] = 'done:0'
+  elseif deadline and deadline >= 0 and now > deadline then
+    out[#out + 1] = 'late:' .. string.format('%d', now - deadline)
+  elseif now < tonumber(run[4]) then
+    if run[1] == instance then
+      out[#out + 1] = 'won:' .. run[2]
+    else
+      out[#out + 1] = 'held:' .. string.format('%d', tonumber(run[4]) - now)
+    end
+  else
+    local token = redis.call('HINCRBY', run_key, 'token', 1)
+    redis.call('HSET', run_key, 'holder', instance, 'lease_end_ms', string.format('%d', now + lease))
+    out[#out + 1] = 'won:' .. token
+  end
+end
+return out
+"""
+)
+
+# ARGV: prefix, then job, slot and token for each run. Per run: 1 (marked sent) or 0.
+_MARK_SENT = """
+local prefix = ARGV[1]
+local out = {}
+for i = 2, #ARGV, 3 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'token', 'state')
+  if run[1] ~= ARGV[i + 2] then
+    out[#out + 1] = 0
+  else
+    if run[2] == 'claimed' then
+      redis.call('HSET', run_key, 'state', 'sent')
+    end
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
+# ARGV: prefix, job, slot, token, redelivered (1 or 0). Returns "unknown", "yes" or "no".
+_START = """
+local run_key = ARGV[1] .. 'run.' .. ARGV[2] .. '.' .. ARGV[3]
+local run = redis.call('HMGET', run_key, 'token', 'state')
+if not run[1] then
+  return 'unknown'
+elseif run[1] ~= ARGV[4] then
+  return 'no'
+elseif run[2] == 'started' then
+  if ARGV[5] == '1' then return 'yes' else return 'no' end
+end
+redis.call('HSET', run_key, 'state', 'started')
+return 'yes'
+"""
+
+# ARGV: prefix, instance, then job, slot and token for each run. Returns how many were given back.
+_HAND_BACK = (
+    _TIME
+    + """
+local prefix, instance = ARGV[1], ARGV[2]
+local given = 0
+for i = 3, #ARGV, 3 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms')
+  if run[1] == instance and run[2] == ARGV[i + 2] and run[3] == 'claimed' then
+    if tonumber(run[4]) > now then
+      redis.call('HSET', run_key, 'lease_end_ms', string.format('%d', now))
+    end
+    given = given + 1
+  end
+end
+return given
+"""
+)
 
 
 def _redis() -> Any:
@@ -97,6 +197,8 @@ class RedisBackend(StoreBackend):
         slot_ttl_ms: how long the record of a run won is kept. Runs are never decided twice
             whatever it is: each job's cursor says so.
         timeout: seconds any answer of Redis is awaited (connect and read).
+        lease_ms: how long a winner holds its run before the run's backups may take it over
+            (see :mod:`.leases`).
     """
 
     clock_name = "Redis's clock"
@@ -109,8 +211,9 @@ class RedisBackend(StoreBackend):
         prefix: str = "cron.",
         slot_ttl_ms: int = 300_000,
         timeout: float = 5.0,
+        lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
-        super().__init__(prefix, slot_ttl_ms, timeout)
+        super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         redis = _redis()
         if client is None:
             if not isinstance(url, str) or url.split("://", 1)[0] not in REDIS_SCHEMES:
@@ -138,14 +241,20 @@ class RedisBackend(StoreBackend):
         self.answer_lost_errors = self._errors
         self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
         self._claim_script = client.register_script(_CLAIM)
+        self._take_over_script = client.register_script(_TAKE_OVER)
+        self._mark_sent_script = client.register_script(_MARK_SENT)
+        self._start_script = client.register_script(_START)
+        self._hand_back_script = client.register_script(_HAND_BACK)
         self._peers: Peers | None = None
         self._heard = "$"
         self._checked = False
         self._version_text = "?"
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RedisBackend:
-        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+    def from_url(
+        cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> RedisBackend:
+        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms)
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -184,16 +293,62 @@ class RedisBackend(StoreBackend):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
         """One script for the batch (see ``_CLAIM``)."""
-        args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0"]
+        args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0", self.lease_ms]
         for claim in claims:
-            args += [claim.job, str(claim.slot), str(claim.deadline_ms if claim.deadline_ms is not None else -1)]
+            deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
+            args += [claim.job, str(claim.slot), str(deadline), str(claim.backups)]
         results = []
         for answer in self._claim_script(args=args):
-            outcome, _, amount = answer.decode().partition(":")
-            results.append((Outcome(outcome), int(amount or 0)))
+            outcome, *amounts = answer.decode().split(":")
+            if outcome == "backup":
+                results.append(Answer(Outcome.LOST, int(amounts[0]), int(amounts[1])))
+            else:
+                results.append(Answer(Outcome(outcome), int(amounts[0]) if amounts else 0))
         return results
+
+    def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
+        args: list[Any] = [self.prefix, instance, self.lease_ms]
+        for claim in claims:
+            args += [claim.job, str(claim.slot)]
+        answers = []
+        for answer in self._take_over_script(args=args):
+            kind, _, value = answer.decode().partition(":")
+            answers.append((kind, int(value)))
+        return answers
+
+    def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
+        args: list[Any] = [self.prefix]
+        for job, slot, token in runs:
+            args += [job, str(slot), str(token)]
+        return [bool(marked) for marked in self._mark_sent_script(args=args)]
+
+    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        answer = self._start_script(args=[self.prefix, job, str(slot), str(token), "1" if redelivered else "0"])
+        return {b"yes": True, b"no": False}.get(answer)
+
+    def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        args: list[Any] = [self.prefix, instance]
+        for job, slot, token in runs:
+            args += [job, str(slot), str(token)]
+        return int(self._hand_back_script(args=args))
+
+    def run_record(self, job: str, slot: int) -> RunRecord | None:
+        """The record of a run won, while it is kept: for tests and diagnostics."""
+        fields = self.client.hgetall(f"{self.prefix}run.{job}.{slot}")
+        if not fields:
+            return None
+        get = {key.decode(): value.decode() for key, value in fields.items()}
+        deadline = int(get["deadline_ms"])
+        return RunRecord(
+            get["holder"],
+            int(get["token"]),
+            get["state"],
+            int(get.get("lease_end_ms", 0)),
+            None if deadline < 0 else deadline,
+            int(get.get("backups", 0)),
+        )
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance that won a run, while its record is kept: for tests and diagnostics."""
@@ -280,7 +435,7 @@ class RedisBackend(StoreBackend):
         """Run the claim script on nothing: scripts disabled, a read-only replica or an ACL
         without EVALSHA fail here."""
         try:
-            self._claim_script(args=[self.prefix, "check", self.slot_ttl_ms, "0"])
+            self._claim_script(args=[self.prefix, "check", self.slot_ttl_ms, "0", self.lease_ms])
             self.client.set(f"{self.prefix}check", b"1", px=1000)
         except (self._refused, *self._errors) as exc:
             raise BrokerUnavailable(f"{self.describe()} cannot decide claims: {exc}") from exc

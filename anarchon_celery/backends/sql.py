@@ -14,8 +14,11 @@ from typing import Any
 
 from ..errors import BrokerUnavailable
 from ..history import EVENTS_PER_RUN, decode_event
+from . import leases
+from .base import Claim, Outcome
+from .leases import RunRecord
 from .peers import Peers
-from .store import StoreBackend
+from .store import Answer, StoreBackend
 
 __all__ = ["SqlBackend"]
 
@@ -33,8 +36,8 @@ class SqlBackend(StoreBackend):
     #: The driver's placeholder, for the ``?`` of the statements below.
     placeholder = "?"
 
-    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float) -> None:
-        super().__init__(prefix, slot_ttl_ms, timeout)
+    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float, lease_ms: int) -> None:
+        super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         self._peers: Peers | None = None
         self._heard = 0  # the last anarchon_peers row read
         self._pruned = 0.0
@@ -63,6 +66,110 @@ class SqlBackend(StoreBackend):
 
     #: The statement that reads the store's clock, in epoch milliseconds.
     now_sql = ""
+
+    #: Appended to the statement that reads run records to change them (PostgreSQL locks them).
+    lock_rows = ""
+    #: The statement that reads the store's clock once the rows are locked (see :attr:`now_sql`).
+    locked_now_sql = ""
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def _records(self, db: Any, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], RunRecord]:
+        """The records of runs ``(job, slot)`` kept, read (and locked, where the store locks rows)
+        in job and slot order."""
+        found: dict[tuple[str, int], RunRecord] = {}
+        unique = sorted(set(keys))
+        for start in range(0, len(unique), 400):
+            part = unique[start : start + 400]
+            rows = db.execute(
+                "SELECT job, slot, holder, token, state, lease_end_ms, deadline_ms, backups FROM anarchon_runs "
+                f"WHERE prefix = ? AND (job, slot) IN (VALUES {', '.join(['(?, ?)'] * len(part))}) "
+                f"ORDER BY job, slot{self.lock_rows}",
+                (self.prefix, *(value for key in part for value in key)),
+            ).fetchall()
+            for job, slot, holder, token, state, lease_end, deadline, backups in rows:
+                found[job, int(slot)] = RunRecord(holder, token, state, lease_end, deadline, backups)
+        return found
+
+    def _write_records(self, db: Any, records: Mapping[tuple[str, int], RunRecord]) -> None:
+        db.executemany(
+            "UPDATE anarchon_runs SET holder = ?, token = ?, state = ?, lease_end_ms = ?, backups = ? "
+            "WHERE prefix = ? AND job = ? AND slot = ?",
+            [
+                (r.holder, r.token, r.state, r.lease_end_ms, r.backups, self.prefix, job, slot)
+                for (job, slot), r in records.items()
+            ],
+        )
+
+    def _locked_now(self, db: Any) -> int:
+        return int(db.execute(self.locked_now_sql or self.now_sql, ()).fetchone()[0])
+
+    def _arm(self, raw: Any, claims: Sequence[Claim], decided: Sequence[tuple[Outcome, int]], now: int) -> list[Answer]:
+        """The answers to claims decided in ``raw``'s transaction, the losers of runs still only
+        claimed armed as their backups (while the claims want more)."""
+        answers = [Answer(outcome, amount) for outcome, amount in decided]
+        losers = [i for i, (outcome, _) in enumerate(decided) if outcome is Outcome.LOST and claims[i].backups > 0]
+        if not losers:
+            return answers
+        db = _Placeholders(raw, self._sql)
+        records = self._records(db, [(claims[i].job, claims[i].slot) for i in losers])
+        changed = {}
+        for i in losers:
+            key = (claims[i].job, claims[i].slot)
+            armed = leases.arm(records.get(key), claims[i].backups, now)
+            if armed is not None:
+                answers[i] = Answer(Outcome.LOST, armed[1], armed[0])
+                changed[key] = records[key]
+        if changed:
+            self._write_records(db, changed)
+        return answers
+
+    def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
+        with self._rows() as db:
+            records = self._records(db, [(c.job, c.slot) for c in claims])
+            now = self._locked_now(db)
+            answers = []
+            changed = {}
+            for claim in claims:
+                key = (claim.job, claim.slot)
+                answer = leases.take_over(records.get(key), instance, now, self.lease_ms)
+                if answer[0] == "won":
+                    changed[key] = records[key]
+                answers.append(answer)
+            self._write_records(db, changed)
+        return answers
+
+    def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
+        with self._rows() as db:
+            records = self._records(db, [(job, slot) for job, slot, _ in runs])
+            results = [leases.mark_sent(records.get((job, slot)), token) for job, slot, token in runs]
+            self._write_records(db, records)
+        return results
+
+    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        with self._rows() as db:
+            record = self._records(db, [(job, slot)]).get((job, slot))
+            allowed = leases.start(record, token, redelivered)
+            if record is not None:
+                self._write_records(db, {(job, slot): record})
+        return allowed
+
+    def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        with self._rows() as db:
+            records = self._records(db, [(job, slot) for job, slot, _ in runs])
+            now = self._locked_now(db)
+            given = {
+                (job, slot): records[job, slot]
+                for job, slot, token in runs
+                if leases.hand_back(records.get((job, slot)), instance, token, now)
+            }
+            self._write_records(db, given)
+        return len(given)
+
+    def run_record(self, job: str, slot: int) -> RunRecord | None:
+        """The record of a run won, while it is kept: for tests and diagnostics."""
+        with self._rows() as db:
+            return self._records(db, [(job, slot)]).get((job, slot))
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance that won a run, while its record is kept: for tests and diagnostics."""

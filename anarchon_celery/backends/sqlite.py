@@ -26,6 +26,7 @@ from ..errors import BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend
+from .store import DEFAULT_LEASE_MS, Answer
 
 __all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
 
@@ -39,7 +40,7 @@ NETWORK_FILE_SYSTEMS = frozenset(
     {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "davfs"}
 )
 
-SCHEMA = 1
+SCHEMA = 2
 _TABLES = """
 CREATE TABLE IF NOT EXISTS anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -50,10 +51,12 @@ CREATE TABLE IF NOT EXISTS anarchon_jobs (
 CREATE TABLE IF NOT EXISTS anarchon_runs (
     prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
     holder TEXT NOT NULL,                 -- the instance that runs it
-    token INTEGER NOT NULL,               -- fencing token: 1 for the first winner
-    state TEXT NOT NULL,                  -- claimed
+    token INTEGER NOT NULL,               -- fencing token: 1 for the first winner, +1 a takeover
+    state TEXT NOT NULL,                  -- claimed, sent, started
     decided_ms INTEGER NOT NULL,          -- the store's time of the win
     deadline_ms INTEGER,                  -- the latest the run may be sent
+    lease_end_ms INTEGER NOT NULL DEFAULT 0,  -- the holder's lease, until then
+    backups INTEGER NOT NULL DEFAULT 0,   -- backups armed
     PRIMARY KEY (prefix, job, slot)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
@@ -112,6 +115,20 @@ def network_file_system(path: str | os.PathLike[str], mounts: str | None = None)
     return best_type if base in NETWORK_FILE_SYSTEMS or best_type == "fuse.sshfs" else None
 
 
+def _upgrade(db: sqlite3.Connection) -> None:
+    """Bring a file of schema 1 (runs without leases) to schema 2, once, under the write lock."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if db.execute("SELECT value FROM anarchon_meta WHERE key = 'schema'").fetchone()[0] == "1":
+            db.execute("ALTER TABLE anarchon_runs ADD COLUMN lease_end_ms INTEGER NOT NULL DEFAULT 0")
+            db.execute("ALTER TABLE anarchon_runs ADD COLUMN backups INTEGER NOT NULL DEFAULT 0")
+            db.execute("UPDATE anarchon_meta SET value = '2' WHERE key = 'schema'")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
 class SQLiteBackend(SqlBackend):
     """Decides runs in a SQLite database file shared by the instances of one host.
 
@@ -124,6 +141,8 @@ class SQLiteBackend(SqlBackend):
             send). Runs are never decided twice whatever it is: each job's cursor says so.
         timeout: seconds a claim waits for the database's write lock (another process writing)
             before its runs are given up as not decided.
+        lease_ms: how long a winner holds its run before the run's backups may take it over
+            (see :mod:`.leases`).
     """
 
     clock_name = "the database's clock"
@@ -137,16 +156,19 @@ class SQLiteBackend(SqlBackend):
         prefix: str = "cron.",
         slot_ttl_ms: int = 300_000,
         timeout: float = 5.0,
+        lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
-        super().__init__(prefix, slot_ttl_ms, timeout)
+        super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         self.path = os.fspath(path)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> SQLiteBackend:
-        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms)
+    def from_url(
+        cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> SQLiteBackend:
+        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms)
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -182,6 +204,7 @@ class SQLiteBackend(SqlBackend):
                 "INSERT INTO anarchon_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING",
                 (str(SCHEMA),),
             )
+            _upgrade(db)
             schema = db.execute("SELECT value FROM anarchon_meta WHERE key = 'schema'").fetchone()[0]
             if schema != str(SCHEMA):
                 raise ConfigError(
@@ -214,7 +237,7 @@ class SQLiteBackend(SqlBackend):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
         """One ``BEGIN IMMEDIATE`` transaction: the cursors of the claims' jobs read, the claims
         decided (:func:`.ordered.decide`), the wins written. (A local commit's answer is never
         lost: ``recover`` is not needed.)"""
@@ -235,10 +258,13 @@ class SQLiteBackend(SqlBackend):
             )
             db.executemany(
                 "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
-                "deadline_ms) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?)",
-                [(self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms) for claim in won],
+                "deadline_ms, lease_end_ms, backups) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0)",
+                [
+                    (self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms, now + self.lease_ms)
+                    for claim in won
+                ],
             )
-        return results
+            return self._arm(db, claims, results, now)
 
     def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
         return int(db.execute(sql, params).lastrowid or 0)

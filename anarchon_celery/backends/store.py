@@ -14,22 +14,43 @@ import abc
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from ..errors import ConfigError
-from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .base import Armed, Backend, Claim, Outcome, Takeover, check_prefix, check_slot_ttl
 
-__all__ = ["EARLY_WAIT_MS", "StoreBackend"]
+__all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
 logger = logging.getLogger(__name__)
 
 #: A claim found early by at most this much on the store's clock waits for its slot in the claim.
 EARLY_WAIT_MS = 1_000
+#: How long a winner holds a run before its backups may take it over, by default.
+DEFAULT_LEASE_MS = 5_000
+
+
+def check_lease(lease_ms: object) -> int:
+    """A valid lease_ms, or ConfigError."""
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 100 <= lease_ms <= 3_600_000:
+        raise ConfigError(f"lease_ms must be an integer from 100 to 3600000 (milliseconds), not {lease_ms!r}")
+    return lease_ms
+
+
+class Answer(NamedTuple):
+    """The store's answer to one claim: its outcome, with the milliseconds it is early by
+    (EARLY) or late by (UNDECIDED); a loser armed as a backup has its ``rank`` and the
+    milliseconds left on the winner's lease in ``amount``."""
+
+    outcome: Outcome
+    amount: int = 0
+    rank: int = 0
 
 
 class StoreBackend(Backend):
     """A backend whose store decides each job's runs in slot order behind a cursor."""
 
     forgets_runs = False
+    leases = True
     #: How the store's clock is named in logs ("Redis's clock").
     clock_name = "the store's clock"
     #: Errors after which the answer to a claim may have been lost: made again once, recovering.
@@ -37,20 +58,39 @@ class StoreBackend(Backend):
     #: Errors that leave the claims undecided (the store is unreachable, or refused).
     failure_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float) -> None:
+    def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float, lease_ms: int = DEFAULT_LEASE_MS) -> None:
         self.prefix = check_prefix(prefix)
         self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)
+        self.lease_ms = check_lease(lease_ms)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = float(timeout)
         self._outage_since: float | None = None
         self._missed = 0
+        self._armed: list[Armed] = []
 
     @abc.abstractmethod
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[tuple[Outcome, int]]:
-        """Decide the claims in one atomic step of the store; returns each one's outcome with the
-        milliseconds it is early by (EARLY) or late by (UNDECIDED), else 0. With ``recover``, a
-        run already decided that ``instance`` holds is WON."""
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
+        """Decide the claims in one atomic step of the store (see :class:`Answer`). A win holds
+        the run for ``lease_ms``; a loser of a run still only claimed is armed as a backup while
+        the claim wants more (``Claim.backups``). With ``recover``, a run already decided that
+        ``instance`` holds is WON."""
+
+    @abc.abstractmethod
+    def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
+        """:func:`.leases.take_over` for each claim's run, in one atomic step of the store."""
+
+    @abc.abstractmethod
+    def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
+        """:func:`.leases.mark_sent` for each ``(job, slot, token)``, in one atomic step."""
+
+    @abc.abstractmethod
+    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        """:func:`.leases.start`, in one atomic step."""
+
+    @abc.abstractmethod
+    def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        """:func:`.leases.hand_back` for each ``(job, slot, token)``; returns how many."""
 
     @abc.abstractmethod
     def store_now_ms(self) -> int:
@@ -83,11 +123,13 @@ class StoreBackend(Backend):
                 break
             self._recovered()
             soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
-            for i, (outcome, amount) in zip(todo, answers):
+            for i, (outcome, amount, rank) in zip(todo, answers):
                 if outcome is Outcome.EARLY and not waited and amount <= EARLY_WAIT_MS:
                     soon.append((i, amount))
                     continue
                 outcomes[i] = outcome
+                if rank:
+                    self._armed.append(Armed(claims[i], rank, amount))
                 if outcome is Outcome.UNDECIDED:
                     logger.warning(
                         "anarchon: job %r slot %d: past its deadline by %d ms on %s; not run by this instance",
@@ -108,6 +150,64 @@ class StoreBackend(Backend):
             todo = [i for i, _ in soon]
         self._after_claims()
         return [outcomes.get(i, Outcome.UNDECIDED) for i in range(len(claims))]
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def armed(self) -> list[Armed]:
+        armed, self._armed = self._armed, []
+        return armed
+
+    def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
+        if not claims:
+            return []
+        for attempt in (1, 2):
+            try:
+                answers = self._take_over(claims, instance)
+            except self.answer_lost_errors as exc:
+                # Made again on a new connection: a takeover this instance made already is
+                # found held by it, and answered "won" with its token.
+                if attempt == 1:
+                    continue
+                self._failed("take runs over", exc)
+                break
+            except self.failure_errors as exc:
+                self._failed("take runs over", exc)
+                break
+            self._recovered()
+            return [Takeover(kind, value) for kind, value in answers]
+        return [Takeover("undecided")] * len(claims)
+
+    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool]:
+        if not runs:
+            return []
+        try:
+            return self._mark_sent(runs)
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            logger.info(
+                "anarchon: %d run(s) sent but not marked sent in %s (%s); their backups will find them sent "
+                "by the workers' check",
+                len(runs),
+                self.describe(),
+                exc,
+            )
+            return [False] * len(runs)
+
+    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        return self._start(job, slot, token, redelivered)
+
+    def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        if not runs:
+            return 0
+        try:
+            return self._hand_back(runs, instance)
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            logger.info(
+                "anarchon: %d lease(s) not handed back in %s (%s); they run out by themselves",
+                len(runs),
+                self.describe(),
+                exc,
+            )
+            return 0
 
     def _after_claims(self) -> None:
         """Housekeeping after each claim call (pruning old records); never raises."""

@@ -1,0 +1,169 @@
+"""The worker's side of leases: a task started once per run, whoever sent it.
+
+On a backend with leases (SQLite, Redis, PostgreSQL) a run's task message carries the run's
+fencing token (``anarchon_token``): 1 from its winner, one more from each backup that took the
+run over after the winner's lease ran out. A broker publish and a store write cannot be one
+step, so a winner that was only slow may send after a backup did: two messages, one task id.
+The worker settles it: before a task starts, the store is asked, in one atomic step, whether the
+message's token is the run's current one and the run has not started yet, and marks it started.
+A task refused is not run (Celery's ``Ignore``: no result, no retry, no history event).
+
+What still runs:
+
+* a task whose run the store no longer knows (its record is kept ``slot_ttl_ms``) or that the
+  store could not be asked about (after one more try), with a warning: at least once rather
+  than never;
+* a message the broker delivers again (``redelivered``: the worker that had it died before
+  acknowledging it, with ``acks_late``), and a task's own retries: the run started, and is
+  going on.
+
+Celery calls a task's ``before_start`` after its ``task_prerun`` signal and before the task, and
+treats ``Ignore`` raised there as "not run"; a ``task_prerun`` handler cannot stop a task. So the
+check is made in our ``task_prerun`` handler (see :mod:`.signals`) and acted on by a
+``before_start`` installed on the task classes when the worker starts (``worker_init``, before the
+pool's processes build their tracers, and again in each new pool process). Workers that do not
+import anarchon_celery (Celery's ``imports`` setting) make no check: a takeover can then run a
+task twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery.exceptions import Ignore
+from celery.signals import worker_init, worker_process_init
+
+__all__ = ["check", "install"]
+
+logger = logging.getLogger(__name__)
+
+_REFUSED = "anarchon_refused"
+_lock = threading.Lock()
+#: Per process and app: the backend the checks are made on (None: it holds no leases).
+_backends: dict[tuple[int, int], Any] = {}
+
+
+def _backend(app: Any) -> Any:
+    key = (os.getpid(), id(app))
+    if key not in _backends:
+        with _lock:
+            if key not in _backends:
+                from .control import configure  # control imports Celery's app machinery
+
+                backend = configure(app).backend
+                _backends[key] = backend if backend.leases else None
+    return _backends[key]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _backends.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check(task: Any) -> bool:
+    """Whether the task now starting may run (see the module's text); a refusal is noted on its
+    request, for its ``before_start`` to act on. Never raises."""
+    request = task.request
+    headers = getattr(request, "headers", None) or {}
+    token = headers.get("anarchon_token", getattr(request, "anarchon_token", None))
+    if not token:
+        return True  # not sent on a backend with leases
+    job = headers.get("anarchon_job", getattr(request, "anarchon_job", None))
+    slot = headers.get("anarchon_slot", getattr(request, "anarchon_slot", None))
+    if job is None or slot is None or (getattr(request, "retries", None) or 0) > 0:
+        return True  # not a run's (headers of its own), or the task's own retry: its run started
+    redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+    try:
+        backend = _backend(task.app)
+    except Exception:  # noqa: BLE001 - a configuration the beat would refuse: run, as without us
+        logger.warning("anarchon: task %s[%s] not checked against its run", task.name, request.id, exc_info=True)
+        return True
+    if backend is None:
+        return True
+    error: BaseException | None = None
+    for _ in (1, 2):
+        try:
+            allowed = backend.start_run(str(job), int(slot), int(token), redelivered)
+            break
+        except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
+            error = exc
+    else:
+        logger.warning(
+            "anarchon: job %r slot %s: could not ask %s whether task %s may start (%r); it runs",
+            job,
+            slot,
+            backend.describe(),
+            request.id,
+            error,
+        )
+        return True
+    if allowed is None:
+        logger.debug("anarchon: job %r slot %s: run not known any more; task %s runs", job, slot, request.id)
+        return True
+    if allowed:
+        return True
+    logger.info(
+        "anarchon: job %r slot %s: task %s (token %s) not run: the run was taken over or has started",
+        job,
+        slot,
+        request.id,
+        token,
+    )
+    setattr(request, _REFUSED, True)
+    return False
+
+
+def _gated(original: Any) -> Any:
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        if getattr(self.request, _REFUSED, False):
+            raise Ignore()
+        return original(self, task_id, args, kwargs)
+
+    before_start.__anarchon_gate__ = True  # type: ignore[attr-defined]
+    return before_start
+
+
+def install(app: Any) -> int:
+    """Give every task class of ``app`` (but Celery's own) the ``before_start`` that acts on a
+    refusal; returns how many were given one now."""
+    installed = 0
+    for name, task in list(app.tasks.items()):
+        if name.startswith("celery."):
+            continue
+        cls = type(task)
+        if getattr(cls.before_start, "__anarchon_gate__", False):
+            continue
+        cls.before_start = _gated(cls.before_start)
+        task.__trace__ = None  # built again, with it, when next needed (Celery's trace_task)
+        installed += 1
+    return installed
+
+
+@worker_init.connect(weak=False)
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        install(app)
+
+
+@worker_process_init.connect(weak=False)
+def _on_worker_process_init(**_: Any) -> None:
+    """A pool process started afresh (spawn) has none of its parent's classes: install again, and
+    build the tracers of the tasks given a gate now (the pool built them already)."""
+    from celery import current_app
+    from celery.app.trace import build_tracer
+
+    app = current_app
+    tasks = [task for name, task in app.tasks.items() if not name.startswith("celery.")]
+    before = {id(task) for task in tasks if getattr(type(task).before_start, "__anarchon_gate__", False)}
+    if install(app):
+        for task in tasks:
+            if id(task) not in before:
+                task.__trace__ = build_tracer(task.name, task, app.loader, app=app)
