@@ -533,7 +533,11 @@ def test_namespaced_settings_are_read() -> None:
         ("CELERY", "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
         (None, "anarchon_prefx", "unknown setting anarchon_prefx (did you mean anarchon_prefix?)"),
         (None, "ANARCHON_PREFIX", "unknown setting ANARCHON_PREFIX (did you mean anarchon_prefix?)"),
-        (None, "anarchon_zzz", "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_backup_runners, anarchon_history_size"),
+        (
+            None,
+            "anarchon_zzz",
+            "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_backup_runners, anarchon_history",
+        ),
         (
             "CELERY",
             "CELERY_ANARCHON_ZZZ",
