@@ -22,7 +22,7 @@ app.conf.update(
     anarchon_slot_ttl_ms=int(os.environ.get("HISTORY_APP_SLOT_TTL_MS", "60000")),
     anarchon_max_late_ms=int(os.environ.get("HISTORY_APP_MAX_LATE_MS", "5000")),
     anarchon_lead_ms=int(os.environ.get("HISTORY_APP_LEAD_MS", "10000")),
-    anarchon_jitter_ms=0,
+    anarchon_jitter_ms=int(os.environ.get("HISTORY_APP_JITTER_MS", "0")),
     anarchon_history_size=int(os.environ.get("HISTORY_APP_HISTORY_SIZE", "5")),
     beat_schedule={
         "fine": {
@@ -38,6 +38,8 @@ if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the proces
     app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
 if os.environ.get("HISTORY_APP_BACKEND"):  # claims through another URL (a proxy) than the tasks
     app.conf.anarchon_backend = os.environ["HISTORY_APP_BACKEND"]
+if os.environ.get("HISTORY_APP_LEASE_MS"):  # a backend with leases
+    app.conf.anarchon_lease_ms = int(os.environ["HISTORY_APP_LEASE_MS"])
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 

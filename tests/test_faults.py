@@ -34,7 +34,9 @@ def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
 
 
 def start_beat(env: dict[str, str], log: Path, app: str = APP) -> subprocess.Popen[bytes]:
-    args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "debug", "--pidfile="]
+    """A beat of ``app``; ``TEST_BEAT_SCHEDULER`` in ``env`` names another scheduler class."""
+    scheduler = env.get("TEST_BEAT_SCHEDULER", "anarchon_celery.Scheduler")
+    args = ["beat", "-S", scheduler, "-l", "debug", "--pidfile="]
     return start_celery(args, log, env, app=app, cwd=ROOT)
 
 

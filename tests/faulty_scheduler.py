@@ -1,0 +1,74 @@
+"""anarchon_celery's Scheduler with one fault at an exact point of its first run won, for the
+lease tests. ``TEST_FAULT`` says which:
+
+* ``die-after-claim``: SIGKILL, the run won, before its task is written;
+* ``die-after-send``: SIGKILL, its task sent (confirmed), before the run is marked sent;
+* ``pause-after-send``: SIGSTOP at that point (the test sends SIGCONT).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from functools import cached_property
+from typing import Any
+
+from anarchon_celery import Scheduler
+from anarchon_celery.sending import Outgoing, TaskSender
+
+logger = logging.getLogger(__name__)
+
+FAULT = os.environ.get("TEST_FAULT", "")
+
+
+class FaultyScheduler(Scheduler):
+    _faulted = False
+
+    def _fault(self, where: str, runs: list[tuple[str, int]]) -> None:
+        if self._faulted:
+            return
+        self._faulted = True
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        logger.warning("fault: %s %s", FAULT, runs)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGSTOP if FAULT.startswith("pause") else signal.SIGKILL)
+
+    @cached_property
+    def sender(self) -> TaskSender:
+        sender = TaskSender(self.app, self.connection)
+        if FAULT != "die-after-claim":
+            return sender
+        write, send = sender.write, sender.send
+
+        def faulty_write(run: Outgoing) -> None:
+            if run.token == 1:
+                self._fault("claim", [(run.job.name, run.slot)])
+            write(run)
+
+        def faulty_send(runs: Any) -> Any:
+            first = [(run.job.name, run.slot) for run in runs if run.token == 1]
+            if first:
+                self._fault("claim", first)
+            return send(runs)
+
+        sender.write = faulty_write  # type: ignore[method-assign]
+        sender.send = faulty_send  # type: ignore[method-assign]
+        return sender
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        backend = self.backend
+        if backend is None or not FAULT.endswith("after-send"):
+            return
+        mark_sent = backend.mark_sent
+
+        def faulty_mark_sent(runs: Any, instance: str) -> Any:
+            first = [(job, slot) for job, slot, token in runs if token == 1]
+            if first:
+                self._fault("send", first)
+            return mark_sent(runs, instance)
+
+        backend.mark_sent = faulty_mark_sent  # type: ignore[method-assign]

@@ -1,0 +1,190 @@
+"""Backup runners, with real `celery beat` processes on each store that holds leases (the tasks
+go to the suite's RabbitMQ), and a real prefork worker: a winner that dies (or stalls) at an
+exact point loses no run, and no run is executed twice."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from demo import start_celery
+from kombu import Connection
+
+from anarchon_celery import task_id_for
+
+from .test_faults import (  # noqa: F401 - beat_env: a fixture
+    APP,
+    ROOT,
+    assert_each_run_once,
+    beat_env,
+    kill,
+    start_beat,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.processes]
+
+#: The winner's lease in these tests: short, so that its backups act within the run's lateness.
+LEASE_MS = 1_500
+
+
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
+def lease_store(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of a store with leases; what the beats leave in it under ``prefix`` is deleted."""
+    kind = request.param
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'anarchon.db'}"
+        return
+    url = request.getfixturevalue(f"{kind}_url")
+    yield url
+    if kind == "redis":
+        import redis
+
+        client = redis.Redis.from_url(url)
+        try:
+            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url) as db:
+            for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_peers"):
+                db.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
+
+
+def _fleet_envs(base: dict[str, str], store: str, fault: str) -> list[dict[str, str]]:
+    """The faulty beat first; the two others claim 300 ms after the slot, so it wins the races."""
+    env = dict(base, HISTORY_APP_BACKEND=store, HISTORY_APP_EVERY="1", HISTORY_APP_LEASE_MS=str(LEASE_MS))
+    faulty = dict(env, TEST_BEAT_SCHEDULER="tests.faulty_scheduler.FaultyScheduler", TEST_FAULT=fault)
+    others = dict(env, HISTORY_APP_JITTER_MS="300")
+    return [faulty, others, others]
+
+
+def _faulted_slot(log: Path) -> int:
+    match = re.search(r"fault: \S+ \[\('every', (\d+)\)\]", log.read_text(errors="replace"))
+    assert match, log.read_text(errors="replace")[-3000:]
+    return int(match.group(1))
+
+
+def _stop(procs: list[object], logs: list[Path]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+    for proc, log in zip(procs, logs):
+        assert proc.wait(30) == 0, log.read_text(errors="replace")[-3000:]  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(180)
+def test_a_winner_killed_after_its_claim_loses_no_run(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    lease_store: str,
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Killed right after winning, before its task is written: a backup sends that run once its
+    lease has run out, and every run is sent exactly once."""
+    envs = _fleet_envs(beat_env, lease_store, "die-after-claim")
+    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
+    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    try:
+        for proc, log in zip(procs, logs):
+            wait_for(log, "anarchon: ready as", proc)
+        procs[0].wait(60)  # it won a run, and died
+        slot = _faulted_slot(logs[0])
+        deadline = time.monotonic() + 30
+        while not any(f"slot {slot}: its winner did not send it" in log.read_text() for log in logs[1:]):
+            assert time.monotonic() < deadline, "no backup took the run over"
+            time.sleep(0.2)
+        time.sleep(3)
+        _stop(procs[1:], logs[1:])
+    finally:
+        for proc in procs:
+            kill(proc)
+    tokens: dict[int, list[int]] = {}
+    with Connection(broker_url) as conn:
+        while (message := conn.default_channel.basic_get(f"{prefix}tasks", no_ack=True)) is not None:
+            if message.headers["anarchon_job"] == "every":
+                tokens.setdefault(message.headers["anarchon_slot"], []).append(message.headers["anarchon_token"])
+    assert tokens[slot] == [2]  # sent by the backup alone, with the next token
+    assert_each_run_once([s for s, sent in tokens.items() for _ in sent])
+    assert "taken over (token 2)" in "".join(log.read_text() for log in logs[1:])
+
+
+def _worker(env: dict[str, str], log: Path) -> object:
+    args = ["worker", "--pool=prefork", "-c", "1", "-l", "info", "--without-mingle", "--without-gossip"]
+    return start_celery(args, log, env, app=APP, cwd=ROOT)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["die-after-send", "pause-after-send"])
+def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
+    fault: str,
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    lease_store: str,
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """The winner's task is sent, then the winner dies (or stalls past its lease) before marking
+    it sent: a backup takes the run over and sends it again with the next token. Both messages
+    wait in the queue; the worker runs the backup's and refuses the first winner's."""
+    envs = _fleet_envs(beat_env, lease_store, fault)
+    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
+    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    worker = None
+    try:
+        for proc, log in zip(procs, logs):
+            wait_for(log, "anarchon: ready as", proc)
+        wait_for(logs[0], "fault: ", procs[0]) if fault.startswith("pause") else procs[0].wait(60)
+        slot = _faulted_slot(logs[0])
+        deadline = time.monotonic() + 30
+        while not any(f"slot {slot}: its winner did not send it" in log.read_text() for log in logs[1:]):
+            assert time.monotonic() < deadline, "no backup took the run over"
+            time.sleep(0.2)
+        if fault.startswith("pause"):
+            os.kill(procs[0].pid, signal.SIGCONT)  # it marks the run sent, too late: another holds it
+            wait_for(logs[0], "taken over meanwhile (our token 1)", procs[0])
+        time.sleep(2)
+        running = procs[1:] if fault.startswith("die") else procs
+        _stop(running, logs[-len(running) :])
+        worker_log = tmp_path / "worker.log"
+        worker = _worker(envs[1], worker_log)
+        deadline = time.monotonic() + 90
+        while _waiting(broker_url, prefix) or "ready." not in worker_log.read_text():
+            assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(2)  # the last task's end logged
+    finally:
+        for proc in procs:
+            kill(proc)
+        if worker is not None:
+            kill(worker)  # type: ignore[arg-type]
+    text = worker_log.read_text()
+    executed = Counter(re.findall(r"Task history_app\.fine\[([^\]]+)\] succeeded", text))
+    ignored = re.findall(r"Task history_app\.fine\[([^\]]+)\] ignored", text)
+    twice_sent = task_id_for(prefix, "every", slot)
+    assert ignored == [twice_sent], ignored  # the first winner's message
+    assert executed[twice_sent] == 1 and max(executed.values()) == 1, executed  # the backup's, once
+    assert len(executed) >= 4, executed
+    assert f"job 'every' slot {slot}: task {twice_sent} (token 1) not run" in text
+    assert "Traceback" not in text
+
+
+def _waiting(broker_url: str, prefix: str) -> int:
+    """Messages in the task queue not yet taken by a worker."""
+    with Connection(broker_url) as conn:
+        return int(conn.default_channel.queue_declare(f"{prefix}tasks", passive=True).message_count)
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytestmark.append(pytest.mark.skip(reason="signals and process groups as on Linux"))
