@@ -58,6 +58,9 @@ AWAY_RETRY_MS = 1_000
 BACKUP_STAGGER_MS = 500
 #: A backup comes back this long after the lease's end, so that the store finds it over.
 BACKUP_MARGIN_MS = 20
+#: While this instance is a backup of runs, it listens for their leases being handed back at
+#: least this often (seconds).
+HANDBACK_POLL_S = 0.5
 
 
 class Scheduler(beat.Scheduler):
@@ -101,6 +104,8 @@ class Scheduler(beat.Scheduler):
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
         self._signal_handlers: dict[int, tuple[Any, Any]] = {}
+        #: Runs this instance holds the lease of, not yet sent and marked sent: (job, slot): token.
+        self._held: dict[tuple[str, int], int] = {}
         super().__init__(app, *args, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -141,6 +146,8 @@ class Scheduler(beat.Scheduler):
             self._push(job, job.next_slot(start - 1))
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
+        if reachable and backend.leases:
+            backend.handed_back()  # listening from now on
         if reachable:
             self._connect_sender()
         self._defer_stop_signals()
@@ -242,6 +249,8 @@ class Scheduler(beat.Scheduler):
         if backend is None:
             return float(self.max_interval)
         backend.maintain()
+        if backend.leases:
+            self._hear_hand_backs(backend)
         self._keep_alive()
         if not self._connect_after:
             self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
@@ -293,7 +302,25 @@ class Scheduler(beat.Scheduler):
         for queue in (self._queue, self._prepares):
             if queue:
                 limits.append(max(0.0, (queue[0].due_ms - now) / 1000))
+        if backend.leases and any(item.backup for item in self._queue):
+            limits.append(HANDBACK_POLL_S)  # a lease handed back is taken over without waiting for its end
         return min(limits)
+
+    def _hear_hand_backs(self, backend: Backend) -> None:
+        """Runs this instance is a backup of whose winner handed its lease back (it is stopping,
+        or its send failed): tried at once (later by rank), not when the lease would have ended."""
+        handed = set(backend.handed_back())
+        if not handed:
+            return
+        now = clock.now_ms()
+        queue = []
+        for item in self._queue:
+            if item.backup and (item.job, item.slot) in handed:
+                logger.info("anarchon: job %r slot %d: its lease was handed back; taking it over", item.job, item.slot)
+                item = item._replace(due_ms=now + (item.backup - 1) * BACKUP_STAGGER_MS)
+            queue.append(item)
+        heapq.heapify(queue)
+        self._queue = queue
 
     def _push(self, job: Job, slot: int) -> None:
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
@@ -371,7 +398,7 @@ class Scheduler(beat.Scheduler):
         for item, claim, answer in zip(due, claims, answers):
             if answer.kind == "won":
                 logger.info(
-                    "anarchon: job %r slot %d: its winner did not send it within its lease; taken over (token %d)",
+                    "anarchon: job %r slot %d: not sent by its winner within its lease; taken over (token %d)",
                     claim.job,
                     claim.slot,
                     answer.value,
@@ -405,11 +432,19 @@ class Scheduler(beat.Scheduler):
         task_id = task_id_for(self.backend.prefix if self.backend else "", claim.job, claim.slot)
         return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now, token)
 
+    def _hold(self, run: Outgoing) -> None:
+        if run.token:
+            self._held[run.job.name, run.slot] = run.token
+
     def _send_held(self, runs: list[Outgoing]) -> list[_Done]:
         """Send runs held on a lease and settle their leases: marked sent, or handed back (their
         backups take them over) when the send failed."""
+        for run in runs:
+            self._hold(run)
         done = self._send(runs)
         backend = self.backend
+        for run in runs:
+            self._held.pop((run.job.name, run.slot), None)
         if backend is None or not backend.leases:
             return done
         sent = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is None and d.run.token]
@@ -441,6 +476,7 @@ class Scheduler(beat.Scheduler):
             if (claim.job, claim.slot) in won:
                 return
             run = won[claim.job, claim.slot] = outgoing(claim)
+            self._hold(run)
             self.sender.write(run)  # never raises: what it could not write, _send() sends
 
         try:
@@ -614,14 +650,24 @@ class Scheduler(beat.Scheduler):
             self.sender.close()
 
     def _abandon(self) -> None:
-        """A stop's grace period ran out in the middle of claims or sends: drop every connection
-        at once (a broker that does not answer would not answer a goodbye either)."""
+        """A stop's grace period ran out in the middle of claims or sends: hand the leases of the
+        runs not sent back, and drop every connection at once (a broker that does not answer
+        would not answer a goodbye either)."""
         logger.warning(
             "anarchon: stopping now, %gs after the stop signal: runs whose claim was not answered yet are "
             "not won by this instance, and a task written but not yet confirmed may not have been sent",
             stopping.GRACE_S,
         )
+        self._hand_back_held()
         self._drop_connections()
+
+    def _hand_back_held(self) -> None:
+        """Give back the leases of the runs won and not sent, so that their backups take them over
+        at once (a task written but not confirmed may then be sent twice: the workers run one)."""
+        held, self._held = self._held, {}
+        if held and self.backend is not None:
+            given = self.backend.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
+            logger.info("anarchon: %d lease(s) of runs not sent handed back to their backups", given)
 
     def _drop_connections(self, connection: Any = None) -> None:
         if self.backend is not None:
@@ -639,6 +685,7 @@ class Scheduler(beat.Scheduler):
         try:
             with stopping.waiting():
                 try:
+                    self._hand_back_held()
                     super().close()
                 finally:
                     if self.backend is not None:

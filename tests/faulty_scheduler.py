@@ -3,7 +3,8 @@ lease tests. ``TEST_FAULT`` says which:
 
 * ``die-after-claim``: SIGKILL, the run won, before its task is written;
 * ``die-after-send``: SIGKILL, its task sent (confirmed), before the run is marked sent;
-* ``pause-after-send``: SIGSTOP at that point (the test sends SIGCONT).
+* ``pause-after-send``: SIGSTOP at that point (the test sends SIGCONT);
+* ``fail-send``: the task of that run is not sent, as if the broker had refused it after a second.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from functools import cached_property
 from typing import Any
 
@@ -36,9 +38,13 @@ class FaultyScheduler(Scheduler):
             handler.flush()
         os.kill(os.getpid(), signal.SIGSTOP if FAULT.startswith("pause") else signal.SIGKILL)
 
+    _failing: tuple[str, int] | None = None
+
     @cached_property
     def sender(self) -> TaskSender:
         sender = TaskSender(self.app, self.connection)
+        if FAULT == "fail-send":
+            return self._failing_sender(sender)
         if FAULT != "die-after-claim":
             return sender
         write, send = sender.write, sender.send
@@ -56,6 +62,30 @@ class FaultyScheduler(Scheduler):
 
         sender.write = faulty_write  # type: ignore[method-assign]
         sender.send = faulty_send  # type: ignore[method-assign]
+        return sender
+
+    def _failing_sender(self, sender: TaskSender) -> TaskSender:
+        write, send = sender.write, sender.send
+
+        def failing(run: Outgoing) -> bool:
+            if self._failing is None and run.token == 1:
+                self._failing = (run.job.name, run.slot)
+                logger.warning("fault: %s %s", FAULT, [self._failing])
+            return (run.job.name, run.slot) == self._failing
+
+        def failing_write(run: Outgoing) -> None:
+            if not failing(run):
+                write(run)
+
+        def failing_send(runs: Any) -> Any:
+            kept = [run for run in runs if not failing(run)]
+            errors = iter(send(kept))
+            if len(kept) < len(runs):
+                time.sleep(1)  # a broker slow to refuse: the other instances have lost the run meanwhile
+            return [RuntimeError("fault: not sent") if failing(run) else next(errors) for run in runs]
+
+        sender.write = failing_write  # type: ignore[method-assign]
+        sender.send = failing_send  # type: ignore[method-assign]
         return sender
 
     def setup_schedule(self) -> None:

@@ -269,6 +269,24 @@ def test_a_lease_handed_back_is_taken_over_at_once(make_backend: Any) -> None:
     assert backend.hand_back([("job", run.slot, 1)], "a") == 0  # its token is not current any more
 
 
+def test_a_lease_handed_back_is_heard_by_the_other_instances(make_backend: Any) -> None:
+    a, b = make_backend(lease_ms=60_000), make_backend(lease_ms=60_000)
+    if not a.leases:
+        assert a.hand_back([("job", 1, 1)], "a") == 0 and b.handed_back() == []
+        return
+    assert b.handed_back() == []  # listening from now on
+    run = _due_run(a)
+    a.claim([run], "a")
+    assert a.hand_back([("job", run.slot, 1)], "a") == 1
+    heard: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 10
+    while not heard and time.monotonic() < deadline:
+        heard += b.handed_back()
+        time.sleep(0.05)
+    assert heard == [("job", run.slot)]
+    assert b.handed_back() == []  # told once
+
+
 def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:
     kind, target, prefix, me, start = args
     backend = _open_kind(kind, target, prefix, lease_ms=100)

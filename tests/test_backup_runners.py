@@ -102,7 +102,7 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
         procs[0].wait(60)  # it won a run, and died
         slot = _faulted_slot(logs[0])
         deadline = time.monotonic() + 30
-        while not any(f"slot {slot}: its winner did not send it" in log.read_text() for log in logs[1:]):
+        while not any(f"slot {slot}: not sent by its winner" in log.read_text() for log in logs[1:]):
             assert time.monotonic() < deadline, "no backup took the run over"
             time.sleep(0.2)
         time.sleep(3)
@@ -118,6 +118,47 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
     assert tokens[slot] == [2]  # sent by the backup alone, with the next token
     assert_each_run_once([s for s, sent in tokens.items() for _ in sent])
     assert "taken over (token 2)" in "".join(log.read_text() for log in logs[1:])
+
+
+@pytest.mark.timeout(180)
+def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    lease_store: str,
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """The winner cannot send a run's task (the broker refuses it): it hands the lease back, and a
+    backup takes the run over at once. The lease (15 s) would otherwise outlast most of the
+    run's lateness allowed (20 s): the hand-back is what saves it."""
+    envs = [
+        dict(env, HISTORY_APP_LEASE_MS="15000", HISTORY_APP_MAX_LATE_MS="20000")
+        for env in _fleet_envs(beat_env, lease_store, "fail-send")
+    ]
+    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
+    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    try:
+        for proc, log in zip(procs, logs):
+            wait_for(log, "anarchon: ready as", proc)
+        wait_for(logs[0], "fault: ", procs[0])
+        slot = _faulted_slot(logs[0])
+        wait_for(logs[0], "1 run(s) whose send failed handed back to their backups", procs[0])
+        deadline = time.monotonic() + 30
+        while not any(f"slot {slot}: its lease was handed back; taking it over" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, "no backup heard of the hand-back"
+            time.sleep(0.2)
+        time.sleep(2)
+        _stop(procs, logs)
+    finally:
+        for proc in procs:
+            kill(proc)
+    tokens: dict[int, list[int]] = {}
+    with Connection(broker_url) as conn:
+        while (message := conn.default_channel.basic_get(f"{prefix}tasks", no_ack=True)) is not None:
+            if message.headers["anarchon_job"] == "every":
+                tokens.setdefault(message.headers["anarchon_slot"], []).append(message.headers["anarchon_token"])
+    assert tokens[slot] == [2]
+    assert_each_run_once([s for s, sent in tokens.items() for _ in sent])
 
 
 def _worker(env: dict[str, str], log: Path) -> object:
@@ -148,7 +189,7 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
         wait_for(logs[0], "fault: ", procs[0]) if fault.startswith("pause") else procs[0].wait(60)
         slot = _faulted_slot(logs[0])
         deadline = time.monotonic() + 30
-        while not any(f"slot {slot}: its winner did not send it" in log.read_text() for log in logs[1:]):
+        while not any(f"slot {slot}: not sent by its winner" in log.read_text() for log in logs[1:]):
             assert time.monotonic() < deadline, "no backup took the run over"
             time.sleep(0.2)
         if fault.startswith("pause"):

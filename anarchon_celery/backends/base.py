@@ -173,9 +173,15 @@ class Backend(abc.ABC):
 
     def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
         """Give up the leases of runs ``(job, slot, token)`` that ``instance`` holds and will not
-        send, so that their backups take them over without waiting; returns how many were
-        given back. Never raises for store trouble."""
+        send, and tell the other instances (:meth:`handed_back`), so that the runs' backups take
+        them over without waiting for the leases to run out; returns how many were given back.
+        Never raises for store trouble."""
         return 0
+
+    def handed_back(self) -> list[tuple[str, int]]:
+        """The runs ``(job, slot)`` other instances handed back since the last call (the first
+        call starts listening). Cheap: called at each wake-up. Never raises for store trouble."""
+        return []
 
     def prepare(self, claims: Sequence[Claim]) -> None:
         """Get ready for claims to come shortly (within the scheduler's ``lead_ms``), so that

@@ -18,6 +18,7 @@ Needs psycopg 3 (``pip install anarchon_celery[postgres]``) and PostgreSQL 12 or
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 _NOW = "SELECT (extract(epoch FROM now()) * 1000)::bigint"
+#: The channel on which leases handed back are told (NOTIFY), for every prefix.
+HANDBACK_CHANNEL = "anarchon_handback"
 #: The server's clock as it is now, not at the transaction's start: read once rows are locked.
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -119,6 +122,8 @@ class PostgresBackend(SqlBackend):
         self._lock = threading.RLock()
         self._db: Any = None
         self._pid = 0
+        self._listener: Any = None  # LISTENs for leases handed back
+        self._listener_pid = 0
         self._version = "?"
 
     @classmethod
@@ -142,20 +147,8 @@ class PostgresBackend(SqlBackend):
                 self._db.close()
         self._db = None
         psycopg = self._psycopg
-        waited_ms = round(self.timeout * 1000)
         try:
-            given = psycopg.conninfo.conninfo_to_dict(self.url).get("options") or ""
-            db = psycopg.connect(
-                self.url,
-                connect_timeout=max(1, round(self.timeout)),
-                options=f"{given} -c statement_timeout={waited_ms} -c lock_timeout={waited_ms}".strip(),
-                # A server gone without a word (a cut cable) is found within about 10 s.
-                keepalives=1,
-                keepalives_idle=5,
-                keepalives_interval=2,
-                keepalives_count=2,
-                application_name="anarchon_celery",
-            )
+            db = psycopg.connect(self.url, **self._connect_options())
         except psycopg.Error as exc:
             raise BrokerUnavailable(f"{self.describe()} does not answer ({_first_line(exc)})") from exc
         try:
@@ -267,6 +260,38 @@ class PostgresBackend(SqlBackend):
                 )
             return self._arm(db, claims, results, now)
 
+    def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
+        """A notification per run, sent when the transaction commits."""
+        for job, slot in runs:
+            told = json.dumps({"prefix": self.prefix, "job": job, "slot": slot})
+            db.execute("SELECT pg_notify(?, ?)", (HANDBACK_CHANNEL, told))
+
+    def _handed_back(self) -> list[tuple[str, int]]:
+        psycopg = self._psycopg
+        with self._lock:
+            listener = self._listener
+            if listener is None or listener.closed or self._listener_pid != os.getpid():
+                listener = psycopg.connect(self.url, autocommit=True, **self._connect_options())
+                listener.execute(f"LISTEN {HANDBACK_CHANNEL}")
+                self._listener, self._listener_pid = listener, os.getpid()
+                return []  # from now on
+            try:
+                heard = list(listener.notifies(timeout=0))
+            except psycopg.Error:
+                with contextlib.suppress(Exception):
+                    listener.close()
+                self._listener = None
+                raise
+        found = []
+        for notice in heard:
+            try:
+                told = json.loads(notice.payload)
+            except ValueError:
+                continue
+            if isinstance(told, dict) and told.get("prefix") == self.prefix:
+                found.append((str(told["job"]), int(told["slot"])))
+        return found
+
     def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
         return int(db.execute(sql + " RETURNING id", params).fetchone()[0])
 
@@ -282,12 +307,28 @@ class PostgresBackend(SqlBackend):
     def describe(self) -> str:
         return f"PostgreSQL at {_shown(self.url)} (prefix {self.prefix!r})"
 
+    def _connect_options(self) -> dict[str, Any]:
+        """libpq options of our connections, on top of the URL's own."""
+        waited_ms = round(self.timeout * 1000)
+        given = self._psycopg.conninfo.conninfo_to_dict(self.url).get("options") or ""
+        return {
+            "connect_timeout": max(1, round(self.timeout)),
+            "options": f"{given} -c statement_timeout={waited_ms} -c lock_timeout={waited_ms}".strip(),
+            # A server gone without a word (a cut cable) is found within about 10 s.
+            "keepalives": 1,
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 2,
+            "application_name": "anarchon_celery",
+        }
+
     def close(self) -> None:
         with self._lock:
-            if self._db is not None and self._pid == os.getpid():
-                with contextlib.suppress(Exception):
-                    self._db.close()
-            self._db = None
+            for connection, pid in ((self._db, self._pid), (self._listener, self._listener_pid)):
+                if connection is not None and pid == os.getpid():
+                    with contextlib.suppress(Exception):
+                        connection.close()
+            self._db = self._listener = None
 
 
 def _shown(url: str) -> str:

@@ -16,6 +16,7 @@ Needs redis-py (``pip install anarchon_celery[redis]``) and Redis 5 or newer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -155,7 +156,8 @@ redis.call('HSET', run_key, 'state', 'started')
 return 'yes'
 """
 
-# ARGV: prefix, instance, then job, slot and token for each run. Returns how many were given back.
+# ARGV: prefix, instance, then job, slot and token for each run. Each run given back is published
+# on <prefix>handback as "<job> <slot>"; returns how many were given back.
 _HAND_BACK = (
     _TIME
     + """
@@ -168,6 +170,7 @@ for i = 3, #ARGV, 3 do
     if tonumber(run[4]) > now then
       redis.call('HSET', run_key, 'lease_end_ms', string.format('%d', now))
     end
+    redis.call('PUBLISH', prefix .. 'handback', ARGV[i] .. ' ' .. ARGV[i + 1])
     given = given + 1
   end
 end
@@ -246,6 +249,7 @@ class RedisBackend(StoreBackend):
         self._start_script = client.register_script(_START)
         self._hand_back_script = client.register_script(_HAND_BACK)
         self._peers: Peers | None = None
+        self._pubsub: Any = None  # subscribed to the leases handed back
         self._heard = "$"
         self._checked = False
         self._version_text = "?"
@@ -333,6 +337,29 @@ class RedisBackend(StoreBackend):
         for job, slot, token in runs:
             args += [job, str(slot), str(token)]
         return int(self._hand_back_script(args=args))
+
+    def _handed_back(self) -> list[tuple[str, int]]:
+        pubsub = self._pubsub
+        if pubsub is None:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(f"{self.prefix}handback")
+            except BaseException:
+                pubsub.close()
+                raise
+            self._pubsub = pubsub
+            return []  # from now on
+        found = []
+        try:
+            while (message := pubsub.get_message(timeout=0)) is not None:
+                job, _, slot = message["data"].decode().rpartition(" ")
+                if job and slot.isdigit():
+                    found.append((job, int(slot)))
+        except BaseException:
+            self._pubsub = None
+            pubsub.close()
+            raise
+        return found
 
     def run_record(self, job: str, slot: int) -> RunRecord | None:
         """The record of a run won, while it is kept: for tests and diagnostics."""
@@ -452,5 +479,9 @@ class RedisBackend(StoreBackend):
         return f"Redis at {scheme}://{where}/{kwargs.get('db', 0)} (prefix {self.prefix!r})"
 
     def close(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                self._pubsub.close()
+            self._pubsub = None
         if self.owned:
             self.client.close()

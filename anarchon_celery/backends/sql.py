@@ -164,7 +164,13 @@ class SqlBackend(StoreBackend):
                 if leases.hand_back(records.get((job, slot)), instance, token, now)
             }
             self._write_records(db, given)
+            if given:
+                self._tell_handed_back(db, list(given), now)
         return len(given)
+
+    @abc.abstractmethod
+    def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
+        """Tell the other instances, in ``db``'s transaction, of runs handed back."""
 
     def run_record(self, job: str, slot: int) -> RunRecord | None:
         """The record of a run won, while it is kept: for tests and diagnostics."""

@@ -41,6 +41,8 @@ NETWORK_FILE_SYSTEMS = frozenset(
 )
 
 SCHEMA = 2
+#: Rows telling of leases handed back are deleted after this long.
+HANDBACKS_KEPT_MS = 3_600_000
 _TABLES = """
 CREATE TABLE IF NOT EXISTS anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -66,6 +68,11 @@ CREATE TABLE IF NOT EXISTS anarchon_events (
     event TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
+CREATE TABLE IF NOT EXISTS anarchon_handbacks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS anarchon_peers (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     prefix TEXT NOT NULL, instance TEXT NOT NULL,
@@ -163,6 +170,7 @@ class SQLiteBackend(SqlBackend):
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
+        self._heard_handback: int | None = None
 
     @classmethod
     def from_url(
@@ -265,6 +273,30 @@ class SQLiteBackend(SqlBackend):
                 ],
             )
             return self._arm(db, claims, results, now)
+
+    def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
+        """A row per run, which the other instances read at their next wake-up (and forgotten an
+        hour later)."""
+        db.execute("DELETE FROM anarchon_handbacks WHERE at_ms < ?", (now - HANDBACKS_KEPT_MS,))
+        db.executemany(
+            "INSERT INTO anarchon_handbacks (prefix, job, slot, at_ms) VALUES (?, ?, ?, ?)",
+            [(self.prefix, job, slot, now) for job, slot in runs],
+        )
+
+    def _handed_back(self) -> list[tuple[str, int]]:
+        with self._lock:
+            db = self._connection()
+            if self._heard_handback is None:  # from now on
+                row = db.execute("SELECT max(id) FROM anarchon_handbacks").fetchone()
+                self._heard_handback = int(row[0] or 0)
+                return []
+            rows = db.execute(
+                "SELECT id, job, slot FROM anarchon_handbacks WHERE id > ? AND prefix = ? ORDER BY id",
+                (self._heard_handback, self.prefix),
+            ).fetchall()
+        if rows:
+            self._heard_handback = rows[-1][0]
+        return [(job, int(slot)) for _, job, slot in rows]
 
     def _inserted_id(self, db: Any, sql: str, params: Sequence[Any]) -> int:
         return int(db.execute(sql, params).lastrowid or 0)

@@ -209,6 +209,17 @@ class StoreBackend(Backend):
             )
             return 0
 
+    def handed_back(self) -> list[tuple[str, int]]:
+        try:
+            return self._handed_back()
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            logger.debug("anarchon: leases handed back not heard from %s (%s)", self.describe(), exc)
+            return []
+
+    def _handed_back(self) -> list[tuple[str, int]]:
+        """See :meth:`handed_back`; may raise the store's errors."""
+        return []
+
     def _after_claims(self) -> None:
         """Housekeeping after each claim call (pruning old records); never raises."""
         return None
