@@ -1,6 +1,10 @@
-"""The Celery app the soak benchmark schedules: SOAK_JOBS jobs every SOAK_PERIOD seconds, run by
+"""The Celery app the soak benchmarks schedule: SOAK_JOBS jobs every SOAK_PERIOD seconds, run by
 anarchon_celery, plain celery beat or RedBeat (SOAK_IMPL). Every run is one `soak_app.tick(job)`
-message on the queue `<SOAK_PREFIX>tasks`, counted by the benchmark's own consumer."""
+message on the queue `<SOAK_PREFIX>tasks`, counted by the benchmark's own consumer (soak.py), or
+executed by a worker that appends one line per execution to SOAK_EXECUTIONS (lease_soak.py).
+
+SOAK_BACKEND sets ``anarchon_backend`` (a store with leases), SOAK_LEASE_MS its lease, and
+SOAK_SKEW_MS moves this process's clock as the scheduler sees it (a host whose clock is off)."""
 
 from __future__ import annotations
 
@@ -42,6 +46,17 @@ if IMPL == "anarchon":
     )
     if os.environ.get("SOAK_LEAD_MS"):
         app.conf.anarchon_lead_ms = int(os.environ["SOAK_LEAD_MS"])
+    if os.environ.get("SOAK_BACKEND"):
+        app.conf.anarchon_backend = os.environ["SOAK_BACKEND"]
+    if os.environ.get("SOAK_LEASE_MS"):
+        app.conf.anarchon_lease_ms = int(os.environ["SOAK_LEASE_MS"])
+    if os.environ.get("SOAK_EXECUTIONS"):  # the worker: runs checked against their leases
+        app.conf.imports = ("anarchon_celery",)
+    if os.environ.get("SOAK_SKEW_MS"):
+        from anarchon_celery import clock
+
+        _true_now_ms, _skew = clock.now_ms, int(os.environ["SOAK_SKEW_MS"])
+        clock.now_ms = lambda: _true_now_ms() + _skew
 elif IMPL == "redbeat":
     app.conf.update(
         beat_scheduler="redbeat.RedBeatScheduler",
@@ -51,6 +66,25 @@ elif IMPL == "redbeat":
     )
 
 
-@app.task(name="soak_app.tick")
-def tick(job: str) -> None:
-    """Nothing to do: the benchmark counts the messages, not the work."""
+_EXECUTIONS = os.environ.get("SOAK_EXECUTIONS")
+
+
+@app.task(name="soak_app.tick", bind=True)
+def tick(self: object, job: str) -> None:
+    """Nothing to do but, under lease_soak.py, say it ran: one line per execution."""
+    if not _EXECUTIONS:
+        return
+    import json
+    import time
+
+    request = self.request  # type: ignore[attr-defined]
+    headers = request.headers or {}
+    line = {
+        "job": job,
+        "slot": headers.get("anarchon_slot", getattr(request, "anarchon_slot", None)),
+        "token": headers.get("anarchon_token", getattr(request, "anarchon_token", None)),
+        "task_id": request.id,
+        "at_ms": time.time_ns() // 1_000_000,
+    }
+    with open(_EXECUTIONS, "a") as out:  # one write per line: lines of several processes do not mix
+        out.write(json.dumps(line) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import shutil
 import threading
 import time
 from collections import Counter
@@ -285,6 +286,105 @@ def test_a_lease_handed_back_is_heard_by_the_other_instances(make_backend: Any) 
         time.sleep(0.05)
     assert heard == [("job", run.slot)]
     assert b.handed_back() == []  # told once
+
+
+class _OwnRedis:
+    """A Redis server of the test's own (persisted at every write), to restart."""
+
+    def __init__(self, folder: Path) -> None:
+        from .proxy import free_port
+
+        self.port, self.folder = free_port(), folder
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self) -> None:
+        import subprocess
+
+        subprocess.run(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)]
+            + ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "yes"],
+            check=True,
+            capture_output=True,
+        )
+        self._wait(True)
+
+    def stop(self) -> None:
+        import subprocess
+
+        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True, check=False)
+        self._wait(False)
+
+    def _wait(self, up: bool) -> None:
+        import socket
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                answering = True
+            except OSError:
+                answering = False
+            if answering is up:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"Redis on port {self.port} did not {'start' if up else 'stop'}")
+
+
+def _restart_postgres() -> None:
+    import os
+    import subprocess
+
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+    )
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
+        assert time.monotonic() < deadline, "PostgreSQL did not come back"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_a_store_restart_keeps_every_decision_and_lease(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The store restarts between a run's claims: the instances reconnect by themselves, a claim
+    made while it is down is undecided (never won), and every run decided before is still
+    decided, with its lease."""
+    if kind == "redis":
+        if shutil.which("redis-server") is None:
+            pytest.skip("no redis-server here")
+        server = _OwnRedis(tmp_path)
+        url, prefix = server.url, "restart."
+    else:
+        url, prefix = request.getfixturevalue("postgres_url"), request.getfixturevalue("postgres_prefix")
+    a = _open_kind(kind, url, prefix, lease_ms=60_000)
+    b = _open_kind(kind, url, prefix, lease_ms=60_000)
+    try:
+        now = a.store_now_ms()  # type: ignore[attr-defined]
+        first = Claim("job", now - 10, deadline_ms=now + 120_000, backups=1)
+        assert a.claim([first], "a") == [Outcome.WON]
+        if kind == "redis":
+            server.stop()
+            during = Claim("job", now - 5, deadline_ms=now + 120_000)
+            assert b.claim([during], "b") == [Outcome.UNDECIDED]  # never won while it is gone
+            server.start()
+        else:
+            _restart_postgres()
+        assert b.claim([first], "b") == [Outcome.LOST]  # decided before the restart
+        assert [armed.rank for armed in b.armed()] == [1]  # its lease kept: b is a backup
+        assert b.take_over([first], "b")[0].kind == "held"
+        assert a.mark_sent([("job", first.slot, 1)], "a") == [True]
+        later = Claim("job", now, deadline_ms=now + 120_000)
+        assert a.claim([later], "a") == [Outcome.WON]
+    finally:
+        a.close()
+        b.close()
+        if kind == "redis":
+            server.stop()
 
 
 def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:

@@ -140,6 +140,7 @@ def test_an_unreachable_server_is_a_clear_error_without_its_password(postgres_pr
         ({"url": ""}, "needs a postgresql:// URL"),
         ({"url": "postgresql://x/y", "timeout": 0}, "timeout must be a positive number"),
         ({"url": "postgresql://x/y", "prefix": "bad prefix"}, "invalid prefix"),
+        ({"url": "postgresql://x/y", "lease_ms": 3_600_001}, "lease_ms must be an integer from 100"),
     ],
 )
 def test_bad_options_are_clear_errors(kwargs: dict[str, Any], message: str) -> None:

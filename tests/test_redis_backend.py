@@ -124,6 +124,8 @@ def test_an_evicting_redis_is_warned_of(redis_url: str, redis_prefix: str, caplo
         ({"client": object()}, "client must be a redis.Redis"),
         ({"timeout": 0}, "timeout must be a positive number"),
         ({"prefix": "bad prefix"}, "invalid prefix"),
+        ({"lease_ms": 0}, "lease_ms must be an integer from 100"),
+        ({"lease_ms": "5000"}, "lease_ms must be an integer from 100"),
     ],
 )
 def test_bad_options_are_clear_errors(kwargs: dict[str, Any], message: str) -> None:

@@ -152,6 +152,41 @@ def test_bad_options_are_clear_errors(timeout: Any, tmp_path: Path) -> None:
         SQLiteBackend(tmp_path / "a.db", timeout=timeout)
 
 
+@pytest.mark.parametrize("lease_ms", [0, 99, 3_600_001, 1.5, True, None])
+def test_a_bad_lease_is_a_clear_error(lease_ms: Any, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="lease_ms must be an integer from 100 to 3600000"):
+        SQLiteBackend(tmp_path / "a.db", lease_ms=lease_ms)
+
+
+def test_a_file_made_before_leases_is_upgraded(tmp_path: Path) -> None:
+    """A file of schema 1 (runs without leases) gets the lease columns at first open, and keeps
+    its cursors: a run decided before is still decided."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO anarchon_meta VALUES ('schema', '1');
+        CREATE TABLE anarchon_jobs (prefix TEXT NOT NULL, job TEXT NOT NULL, cursor INTEGER NOT NULL,
+            PRIMARY KEY (prefix, job)) WITHOUT ROWID;
+        INSERT INTO anarchon_jobs VALUES ('cron.', 'j', 5000);
+        CREATE TABLE anarchon_runs (prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
+            holder TEXT NOT NULL, token INTEGER NOT NULL, state TEXT NOT NULL, decided_ms INTEGER NOT NULL,
+            deadline_ms INTEGER, PRIMARY KEY (prefix, job, slot)) WITHOUT ROWID;
+        INSERT INTO anarchon_runs VALUES ('cron.', 'j', 5000, 'old', 1, 'claimed', 99999999999999, NULL);
+        """
+    )
+    db.close()
+    backend = SQLiteBackend(path)
+    assert backend.claim([Claim("j", 5000), Claim("j", 6000, backups=1)], "new") == [Outcome.LOST, Outcome.WON]
+    record = backend.run_record("j", 5000)
+    assert record is not None and (record.holder, record.token, record.lease_end_ms) == ("old", 1, 0)
+    assert backend.take_over([Claim("j", 5000)], "new")[0].kind == "won"  # its lease (none) is over
+    backend.close()
+
+
 MOUNTS = """\
 /dev/sda1 / ext4 rw,relatime 0 0
 server:/export /srv/shared nfs4 rw,relatime 0 0

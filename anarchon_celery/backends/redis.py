@@ -70,10 +70,11 @@ while i <= #ARGV do
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
         out[#out + 1] = 'won'
-      elseif wanted > 0 and run[2] == 'claimed' and tonumber(run[3]) < wanted
+      elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted
           and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
         local rank = redis.call('HINCRBY', run_key, 'backups', 1)
-        out[#out + 1] = 'backup:' .. string.format('%d', math.max(0, tonumber(run[4]) - now)) .. ':' .. rank
+        local left = math.max(0, (tonumber(run[4]) or 0) - now)
+        out[#out + 1] = 'backup:' .. string.format('%d', left) .. ':' .. rank
       else
         out[#out + 1] = 'lost'
       end
@@ -106,7 +107,7 @@ for i = 4, #ARGV, 2 do
     out[#out + 1] = 'done:0'
   elseif deadline and deadline >= 0 and now > deadline then
     out[#out + 1] = 'late:' .. string.format('%d', now - deadline)
-  elseif now < tonumber(run[4]) then
+  elseif now < (tonumber(run[4]) or 0) then
     if run[1] == instance then
       out[#out + 1] = 'won:' .. run[2]
     else
@@ -167,7 +168,7 @@ for i = 3, #ARGV, 3 do
   local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
   local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms')
   if run[1] == instance and run[2] == ARGV[i + 2] and run[3] == 'claimed' then
-    if tonumber(run[4]) > now then
+    if (tonumber(run[4]) or 0) > now then
       redis.call('HSET', run_key, 'lease_end_ms', string.format('%d', now))
     end
     redis.call('PUBLISH', prefix .. 'handback', ARGV[i] .. ' ' .. ARGV[i + 1])
