@@ -167,7 +167,13 @@ def _worker(env: dict[str, str], log: Path) -> object:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fault", ["die-after-send", "pause-after-send"])
+@pytest.mark.parametrize(
+    "lease_store, fault",
+    # The worker's check is the same step on each store (tests/test_backends.py runs it on each):
+    # each fault is played on some of them, to keep the suite short.
+    [("sqlite", "die-after-send"), ("redis", "pause-after-send"), ("postgres", "pause-after-send")],
+    indirect=["lease_store"],
+)
 def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
     fault: str,
     beat_env: dict[str, str],  # noqa: F811 - the fixture

@@ -14,7 +14,7 @@ import abc
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ..errors import ConfigError
 from .base import Armed, Backend, Claim, Outcome, Takeover, check_prefix, check_slot_ttl
@@ -22,6 +22,8 @@ from .base import Armed, Backend, Claim, Outcome, Takeover, check_prefix, check_
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: A claim found early by at most this much on the store's clock waits for its slot in the claim.
 EARLY_WAIT_MS = 1_000
@@ -181,7 +183,7 @@ class StoreBackend(Backend):
         if not runs:
             return []
         try:
-            return self._mark_sent(runs)
+            return self._again_on_a_new_connection(lambda: self._mark_sent(runs))
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.info(
                 "anarchon: %d run(s) sent but not marked sent in %s (%s); their backups will find them sent "
@@ -192,6 +194,14 @@ class StoreBackend(Backend):
             )
             return [False] * len(runs)
 
+    def _again_on_a_new_connection(self, step: Callable[[], T]) -> T:
+        """``step``, made once more (on a new connection) when its connection failed: for the steps
+        that may be made twice (marking sent, handing back)."""
+        try:
+            return step()
+        except self.answer_lost_errors:
+            return step()
+
     def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
         return self._start(job, slot, token, redelivered)
 
@@ -199,7 +209,7 @@ class StoreBackend(Backend):
         if not runs:
             return 0
         try:
-            return self._hand_back(runs, instance)
+            return self._again_on_a_new_connection(lambda: self._hand_back(runs, instance))
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.info(
                 "anarchon: %d lease(s) not handed back in %s (%s); they run out by themselves",
