@@ -304,7 +304,22 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
         backend.check_claims()
         if isinstance(backend, RabbitMQBackend):
             return "a gate can be declared, claimed and deleted under the prefix (permissions)"
-        return "runs can be decided (the store takes writes)"
+        if not backend.leases:
+            return "runs can be decided"
+        jobs = holder["d"].jobs.values()
+        counts = sorted({job.backup_runners for job in jobs}) or [0]
+        backups = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        shown = (
+            f"runs can be decided (the store takes writes); a winner holds its run for {backend.lease_ms} ms, "
+            f"{backups} backup(s) per run"
+        )
+        blind = sorted(job.name for job in jobs if job.backup_runners and backend.lease_ms >= job.max_late_ms)
+        if blind:
+            raise Warned(
+                f"{shown}; but the backups of {', '.join(blind)} can never act: their max_late_ms is not longer "
+                "than anarchon_lease_ms"
+            )
+        return shown
 
     def streams() -> str:
         backend = holder["d"].backend

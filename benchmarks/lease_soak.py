@@ -17,11 +17,14 @@ to a file, which is what is counted. The faults, one every ``--every`` seconds:
   ``CLIENT KILL TYPE normal``, PostgreSQL ``pg_terminate_backend``; none for SQLite);
 * ``restart``: the store restarted (RabbitMQ's application; the benchmark's own Redis, with
   ``appendonly yes`` and ``appendfsync always``; PostgreSQL's cluster, ``pg_ctlcluster restart``);
+* ``chaos``: ``kill``, ``cut`` and ``restart`` in turn (SQLite: ``kill`` only);
 * ``rolling``: one instance after the other stopped with SIGTERM and started again;
 * ``skew``: no fault, but one instance's clock is 60 s ahead (``none``: no fault at all).
 
-RedBeat (celery-redbeat, on the benchmark's Redis) plays ``kill``, ``cut``, ``restart`` and
-``rolling`` aimed at its lock holder; it has no claim or send point to aim at.
+RedBeat (celery-redbeat, on the benchmark's Redis) plays ``kill``, ``cut``, ``restart``,
+``chaos`` and ``rolling``, its kills aimed at its lock holder; it has no claim or send point to
+aim at. By default the modes are ``kill-claim``, ``pause-send``, ``chaos``, ``rolling`` and
+``skew``.
 
 Counted per (job, slot) for ours, per job and period-long bucket of execution time for RedBeat:
 runs expected, executed, executed twice (``dup``), missed, started before their slot
@@ -37,6 +40,7 @@ celery-redbeat for the RedBeat lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -55,15 +59,19 @@ from common import BROKER, HERE, delete_prefixed, now_ms, percentile, start_cele
 from soak import expire_gates, rabbitmqctl, restart_broker
 
 IMPLS = ("sqlite", "redis", "postgres", "rabbitmq", "redbeat")
-MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "rolling", "skew")
+MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "chaos", "rolling", "skew")
+#: The modes run by default: the figures of the README.
+DEFAULT_MODES = ("kill-claim", "pause-send", "chaos", "rolling", "skew")
 #: What each impl plays (the others are not applicable: no server to cut, no point to aim at).
 PLAYS = {
-    "sqlite": {"none", "kill-claim", "pause-send", "kill", "rolling", "skew"},
+    "sqlite": {"none", "kill-claim", "pause-send", "kill", "chaos", "rolling", "skew"},
     "redis": set(MODES),
     "postgres": set(MODES),
     "rabbitmq": set(MODES),
-    "redbeat": {"none", "kill", "cut", "restart", "rolling"},
+    "redbeat": {"none", "kill", "cut", "restart", "chaos", "rolling"},
 }
+#: ``chaos`` plays these in turn (those the store has: SQLite has no server to cut or restart).
+CHAOS = ("kill", "cut", "restart")
 REDIS_PORT = 6390
 POSTGRES = os.environ.get("SOAK_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -220,11 +228,14 @@ class Line:
 
     def play(self, until: float) -> None:
         rolling = 0
+        chaos = [fault for fault in CHAOS if fault in PLAYS[self.impl]]
         while time.monotonic() + self.args.every < until:
             time.sleep(self.args.every)
             mode = self.mode
             if mode in ("none", "skew"):
                 return
+            if mode == "chaos":
+                mode = chaos[self.faults % len(chaos)]
             if mode == "kill-claim":
                 self._exact("kill-claim")
             elif mode == "pause-send":
@@ -266,7 +277,8 @@ class Line:
         self.faulted.append((line[0], int(line[1])))
         if fault == "kill-claim":
             proc.wait(30)
-            os.killpg(proc.pid, signal.SIGKILL)  # the process group, if anything is left
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the process group, if anything is left
             self.restart_instance(index)
         else:
             time.sleep(self.args.lease_ms / 1000 + 2)
@@ -391,7 +403,7 @@ def run_line(impl: str, mode: str, args: argparse.Namespace, redis: OwnRedis) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impls", default=",".join(IMPLS))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"of {', '.join(MODES)}")
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--period", type=float, default=2.0, help="seconds between a job's runs")
