@@ -409,7 +409,10 @@ def _report(
     import demo_app
 
     # This run's settings, also when an earlier run of this process imported the app first.
-    demo_app.app.conf.update(anarchon_prefix=prefix, anarchon_backend=env.get("ANARCHON_DEMO_BACKEND") or None)
+    store = env.get("ANARCHON_DEMO_BACKEND") or None
+    demo_app.app.conf.update(
+        anarchon_prefix=prefix, anarchon_backend=store, anarchon_lease_ms=demo_app.LEASE_MS if store else None
+    )
 
     import anarchon_celery
     from anarchon_celery import Settings, task_id_for

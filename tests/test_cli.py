@@ -108,11 +108,13 @@ def test_check_on_a_lease_store(
         "postgres": lambda: request.getfixturevalue("postgres_url"),
     }[store]()
     monkeypatch.setenv("HISTORY_APP_BACKEND", url)
+    monkeypatch.setenv("HISTORY_APP_LEASE_MS", "2000")  # shorter than the jobs' max_late_ms (5 s)
     forget(APP)
     result = invoke("check")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert [line.split()[:2] for line in lines] == [[status, step] for status, step in SQLITE_CHECKS]
+    assert "a winner holds its run for 2000 ms, 2 backup(s) per run" in lines[2]
     if store == "sqlite":
         assert f"SQLite database {tmp_path / 'anarchon.db'}" in lines[1] and "write-ahead log" in lines[1]
     elif store == "redis":
@@ -123,6 +125,12 @@ def test_check_on_a_lease_store(
     monkeypatch.setattr("anarchon_celery.clock.now_ms", lambda: int(time.time() * 1000) + 5_000)
     result = invoke("check")
     assert result.exit_code == 0 and "warn  store" in result.output and "check time sync" in result.output
+    # So are jobs whose lateness allowed ends before the winner's lease: no backup could act.
+    monkeypatch.setenv("HISTORY_APP_LEASE_MS", "5000")
+    forget(APP)
+    result = invoke("check")
+    assert result.exit_code == 0 and "warn  claims" in result.output, result.output
+    assert "the backups of boom, fine, sleepy can never act" in result.output
 
 
 def test_check_fails_with_one_clear_line_and_no_traceback(app_env: dict[str, str]) -> None:
