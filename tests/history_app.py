@@ -38,6 +38,8 @@ if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the proces
     app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
 if os.environ.get("HISTORY_APP_BACKEND"):  # claims through another URL (a proxy) than the tasks
     app.conf.anarchon_backend = os.environ["HISTORY_APP_BACKEND"]
+if os.environ.get("HISTORY_APP_CONNECT_TIMEOUT"):  # seconds a connection attempt may take
+    app.conf.broker_connection_timeout = float(os.environ["HISTORY_APP_CONNECT_TIMEOUT"])
 if os.environ.get("HISTORY_APP_LEASE_MS"):  # a backend with leases
     app.conf.anarchon_lease_ms = int(os.environ["HISTORY_APP_LEASE_MS"])
 if os.environ.get("HISTORY_APP_BAD"):

@@ -915,7 +915,8 @@ def test_a_broker_silent_at_connect_time_is_not_waited_for_past_the_deadline(
 ) -> None:
     # The black hole: TCP connects, the broker never answers the handshake, nothing is closed.
     proxy.stall()
-    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0)
+    # Each connection attempt gives up after connect_timeout: 2 s keeps open()'s four short.
+    backend = RabbitMQBackend(proxy.url(), prefix=prefix, slot_ttl_ms=60_000, confirm_timeout=1.0, connect_timeout=2.0)
     with pytest.raises(BrokerError, match="cannot reach RabbitMQ"):
         backend.open()
     assert backend.claim([Claim("job", 1, deadline_ms=clock.now_ms() + 1000)], "me") == [Outcome.UNDECIDED]
