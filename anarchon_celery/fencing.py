@@ -47,14 +47,24 @@ _backends: dict[tuple[int, int], Any] = {}
 
 
 def _backend(app: Any) -> Any:
+    """The backend of ``app``'s runs, if it holds leases; None otherwise, or when the app's
+    configuration cannot be read (said once per process: its tasks then run unchecked)."""
     key = (os.getpid(), id(app))
     if key not in _backends:
         with _lock:
             if key not in _backends:
                 from .control import configure  # control imports Celery's app machinery
 
-                backend = configure(app).backend
-                _backends[key] = backend if backend.leases else None
+                try:
+                    backend = configure(app).backend
+                except Exception:  # noqa: BLE001 - a configuration the beat would refuse: run, as without us
+                    logger.warning(
+                        "anarchon: the tasks of app %r are not checked against their runs' leases",
+                        getattr(app, "main", app),
+                        exc_info=True,
+                    )
+                    backend = None
+                _backends[key] = backend if backend is not None and backend.leases else None
     return _backends[key]
 
 
@@ -80,11 +90,7 @@ def check(task: Any) -> bool:
     if job is None or slot is None or (getattr(request, "retries", None) or 0) > 0:
         return True  # not a run's (headers of its own), or the task's own retry: its run started
     redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
-    try:
-        backend = _backend(task.app)
-    except Exception:  # noqa: BLE001 - a configuration the beat would refuse: run, as without us
-        logger.warning("anarchon: task %s[%s] not checked against its run", task.name, request.id, exc_info=True)
-        return True
+    backend = _backend(task.app)
     if backend is None:
         return True
     error: BaseException | None = None
