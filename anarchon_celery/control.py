@@ -71,6 +71,7 @@ def configure(app: Any) -> Deployment:
         backend.slot_ttl_ms,
         forgets_runs=backend.forgets_runs,
         leases=backend.leases,
+        lease_ms=backend.lease_ms,
     )
     return Deployment(settings, backend, {job.name: job for job in jobs})
 

@@ -53,10 +53,12 @@ def _backend(app: Any) -> Any:
     if key not in _backends:
         with _lock:
             if key not in _backends:
-                from .control import configure  # control imports Celery's app machinery
+                from .backends import backend_for  # imports Celery's app machinery
+                from .settings import Settings
 
                 try:
-                    backend = configure(app).backend
+                    # The backend only, not the jobs: a worker may import only some of their tasks.
+                    backend = backend_for(app, Settings.from_app(app))
                 except Exception:  # noqa: BLE001 - a configuration the beat would refuse: run, as without us
                     logger.warning(
                         "anarchon: the tasks of app %r are not checked against their runs' leases",
@@ -94,9 +96,11 @@ def check(task: Any) -> bool:
     if backend is None:
         return True
     error: BaseException | None = None
-    for _ in (1, 2):
+    for again in (False, True):
         try:
-            allowed = backend.start_run(str(job), int(slot), int(token), redelivered)
+            # Asked again after a failure, the first ask may have marked the run started: the
+            # start of this very message then, to be run (as a delivery made again is).
+            allowed = backend.start_run(str(job), int(slot), int(token), redelivered or again)
             break
         except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
             error = exc

@@ -206,7 +206,9 @@ def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, lea
     return value
 
 
-def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True) -> None:
+def check_job(
+    job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True, lease_ms: int = 0
+) -> None:
     """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
     outlive the latest moment anyone may claim it, counted from its first declaration, which
     comes ``lead_ms`` before the slot) for a backend that forgets runs (see
@@ -225,6 +227,12 @@ def check_job(job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forg
             f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): after a gate expires, RabbitMQ "
             "forgets the run was taken and a late instance could run it again. Lower them or "
             "raise anarchon_slot_ttl_ms"
+        )
+    if job.backup_runners and job.jitter_ms + job.max_late_ms + lease_ms >= slot_ttl_ms:
+        raise ConfigError(
+            f"job {job.name!r}: jitter_ms + max_late_ms + anarchon_lease_ms ({job.jitter_ms} + {job.max_late_ms} + "
+            f"{lease_ms} ms) must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): the record of a run, which its "
+            "backups and the workers check, is kept slot_ttl_ms. Lower them or raise anarchon_slot_ttl_ms"
         )
 
 
@@ -372,7 +380,14 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def collect_jobs(
-    app: Any, settings: Settings, prefix: str, slot_ttl_ms: int, *, forgets_runs: bool = True, leases: bool = False
+    app: Any,
+    settings: Settings,
+    prefix: str,
+    slot_ttl_ms: int,
+    *,
+    forgets_runs: bool = True,
+    leases: bool = False,
+    lease_ms: int = 0,
 ) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
@@ -407,6 +422,6 @@ def collect_jobs(
                 "Import its module in the beat process (imports/include settings)"
             )
         check_arguments(job, registered[job.task], app)
-        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs)
+        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs, lease_ms=lease_ms)
         jobs[name] = job
     return list(jobs.values())

@@ -3,6 +3,8 @@ own request objects: which task messages start, and how a refused one is stopped
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -93,3 +95,36 @@ def test_a_backend_without_leases_checks_nothing(tmp_path: Path) -> None:
 
     assert checked(app, request(1)) is True
     assert checked(app, request(1)) is True
+
+
+def test_a_start_whose_answer_was_lost_is_run(app: Celery, tmp_path: Path) -> None:
+    """The store marked the run started, and the answer was lost: asked again, it is this very
+    message's start, and the task runs (at least once, never lost)."""
+
+    class LosesTheFirstAnswer(SQLiteBackend):
+        lost = False
+
+        def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+            allowed = super()._start(job, slot, token, redelivered)
+            if not self.lost:
+                self.lost = True
+                raise sqlite3.OperationalError("the answer was lost")
+            return allowed
+
+    store = LosesTheFirstAnswer(tmp_path / "runs.db", prefix="f.")
+    store.claim([Claim("j", 1000)], "a")
+    fencing._backends[os.getpid(), id(app)] = store
+    assert checked(app, request(1)) is True
+    assert store.run_record("j", 1000).state == "started"  # type: ignore[union-attr]
+    assert checked(app, request(1)) is False  # a second message: not run
+    store.close()
+
+
+def test_a_worker_that_lacks_some_jobs_tasks_still_checks(app: Celery, tmp_path: Path) -> None:
+    """Workers often import only their own tasks: the check needs the backend, not every job."""
+    app.conf.beat_schedule = {"elsewhere": {"task": "other.service.task", "schedule": 60}}
+    store = SQLiteBackend(tmp_path / "runs.db", prefix="f.")
+    store.claim([Claim("j", 1000)], "a")
+    assert checked(app, request(1)) is True
+    assert checked(app, request(1)) is False
+    store.close()

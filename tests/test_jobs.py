@@ -148,6 +148,21 @@ def test_backup_runners_with_leases(given: Any, expected: int | str) -> None:
         assert job.backup_runners == expected
 
 
+@pytest.mark.parametrize("ttl, ok", [(67_001, True), (67_000, False)])
+def test_with_leases_a_runs_record_outlives_its_lateness_and_lease(ttl: int, ok: bool) -> None:
+    """jitter_ms + max_late_ms + anarchon_lease_ms (2 + 60 + 5 s) < slot_ttl_ms: the backups and
+    the workers read the run's record until then."""
+    app = make_app(beat_schedule={"j": entry()})
+    settings = Settings.from_app(app)
+    if ok:
+        collect_jobs(app, settings, "cron.", ttl, forgets_runs=False, leases=True, lease_ms=5_000)
+    else:
+        with pytest.raises(ConfigError, match=r"job 'j': jitter_ms \+ max_late_ms \+ anarchon_lease_ms"):
+            collect_jobs(app, settings, "cron.", ttl, forgets_runs=False, leases=True, lease_ms=5_000)
+    app.conf.beat_schedule = {"j": entry(backup_runners=0)}  # no backups: no record to read
+    collect_jobs(app, settings, "cron.", 67_000, forgets_runs=False, leases=True, lease_ms=5_000)
+
+
 def test_history_ttl_is_refused() -> None:
     with pytest.raises(ConfigError, match="history_ttl_ms is not available: history is trimmed by size only"):
         jobs_of(make_app(beat_schedule={"j": entry(history_ttl_ms=1000)}))

@@ -32,6 +32,7 @@ def record(**changes: Any) -> RunRecord:
         (record(deadline_ms=None), "b", 10**12, ("won", 2)),
         (record(holder="b", token=2), "b", 500, ("won", 2)),  # its own takeover, asked again
         (record(holder="b", token=2), "c", 500, ("held", 500)),
+        (record(lease_end_ms=0), "b", 2_000, ("done", 0)),  # won before leases: its task has no token
     ],
 )
 def test_take_over(run: RunRecord | None, instance: str, now: int, expected: tuple[str, int]) -> None:
@@ -57,6 +58,7 @@ def test_a_takeover_holds_the_run_for_a_new_lease() -> None:
         (record(), 2, 1_500, (1, 0), 1),  # the lease has run out already: at once
         (record(state=SENT), 2, 400, None, 0),
         (record(), 2, 10_001, None, 0),  # past the deadline: no backup could act
+        (record(lease_end_ms=0), 2, 400, None, 0),  # won before leases
     ],
 )
 def test_arm(

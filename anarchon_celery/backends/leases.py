@@ -36,8 +36,8 @@ class RunRecord:
 def arm(record: RunRecord | None, wanted: int, now_ms: int) -> tuple[int, int] | None:
     """Arm the loser of a claim as a backup of the run, if it still needs one: returns its rank
     (1 for the first) and the milliseconds left on the lease, or None."""
-    if record is None or record.state != CLAIMED or record.backups >= wanted:
-        return None
+    if record is None or record.state != CLAIMED or record.backups >= wanted or not record.lease_end_ms:
+        return None  # (a run won before leases, lease_end_ms 0, was sent without a token: left alone)
     if record.deadline_ms is not None and now_ms > record.deadline_ms:
         return None
     record.backups += 1
@@ -48,8 +48,8 @@ def take_over(record: RunRecord | None, instance: str, now_ms: int, lease_ms: in
     """A backup's try at a run: ``("won", token)`` when it now holds the run; ``("held", ms)``
     while the lease runs (ms left); ``("done", 0)`` when it needs no backup (sent, started, or
     no record); ``("late", ms)`` past the run's deadline."""
-    if record is None or record.state != CLAIMED:
-        return "done", 0
+    if record is None or record.state != CLAIMED or not record.lease_end_ms:
+        return "done", 0  # (lease_end_ms 0: won before leases, by a winner whose task carries no token)
     if record.deadline_ms is not None and now_ms > record.deadline_ms:
         return "late", now_ms - record.deadline_ms
     if now_ms < record.lease_end_ms:

@@ -152,10 +152,13 @@ class PostgresBackend(SqlBackend):
         except psycopg.Error as exc:
             raise BrokerUnavailable(f"{self.describe()} does not answer ({_first_line(exc)})") from exc
         try:
-            with db.transaction():
-                # Made once, whoever comes first: concurrent CREATE ... IF NOT EXISTS can collide.
-                db.execute("SELECT pg_advisory_xact_lock(hashtext('anarchon_celery schema'))")
-                db.execute(_TABLES)
+            if not _schema_complete(db):
+                with db.transaction():
+                    # Made once, whoever comes first: concurrent CREATE ... IF NOT EXISTS can collide.
+                    # (Only when something is missing: ALTER TABLE locks the table even when the
+                    # column exists, and every worker process connects.)
+                    db.execute("SELECT pg_advisory_xact_lock(hashtext('anarchon_celery schema'))")
+                    db.execute(_TABLES)
             settings = dict(
                 db.execute(
                     "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', 'synchronous_commit')"
@@ -195,6 +198,9 @@ class PostgresBackend(SqlBackend):
     # -- claims ---------------------------------------------------------------------------------
 
     lock_rows = " FOR UPDATE"
+    # Rows locked in the order Python sorts the keys (code points, as UTF-8 bytes compare), so
+    # that batches of keys lock in one order whatever the database's collation.
+    key_order = 'job COLLATE "C", slot'
     locked_now_sql = _CLOCK
 
     def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
@@ -272,7 +278,11 @@ class PostgresBackend(SqlBackend):
             listener = self._listener
             if listener is None or listener.closed or self._listener_pid != os.getpid():
                 listener = psycopg.connect(self.url, autocommit=True, **self._connect_options())
-                listener.execute(f"LISTEN {HANDBACK_CHANNEL}")
+                try:
+                    listener.execute(f"LISTEN {HANDBACK_CHANNEL}")
+                except BaseException:
+                    listener.close()
+                    raise
                 self._listener, self._listener_pid = listener, os.getpid()
                 return []  # from now on
             try:
@@ -329,6 +339,18 @@ class PostgresBackend(SqlBackend):
                     with contextlib.suppress(Exception):
                         connection.close()
             self._db = self._listener = None
+
+
+def _schema_complete(db: Any) -> bool:
+    """Whether anarchon's tables are there with every column this release writes (the last one
+    added, ``anarchon_runs.backups``, says so), read from the catalog without taking locks."""
+    with db.transaction():
+        row = db.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND "
+            "((table_name = 'anarchon_runs' AND column_name = 'backups') OR "
+            "(table_name IN ('anarchon_jobs', 'anarchon_events', 'anarchon_peers') AND column_name = 'prefix'))"
+        ).fetchone()
+    return bool(row and row[0] == 4)
 
 
 def _shown(url: str) -> str:

@@ -70,7 +70,7 @@ while i <= #ARGV do
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
         out[#out + 1] = 'won'
-      elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted
+      elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted and (tonumber(run[4]) or 0) > 0
           and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
         local rank = redis.call('HINCRBY', run_key, 'backups', 1)
         local left = math.max(0, (tonumber(run[4]) or 0) - now)
@@ -103,7 +103,7 @@ for i = 4, #ARGV, 2 do
   local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
   local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms', 'deadline_ms')
   local deadline = tonumber(run[5])
-  if run[3] ~= 'claimed' then
+  if run[3] ~= 'claimed' or (tonumber(run[4]) or 0) == 0 then  -- (0: won before leases, no token sent)
     out[#out + 1] = 'done:0'
   elseif deadline and deadline >= 0 and now > deadline then
     out[#out + 1] = 'late:' .. string.format('%d', now - deadline)

@@ -69,6 +69,8 @@ class SqlBackend(StoreBackend):
 
     #: Appended to the statement that reads run records to change them (PostgreSQL locks them).
     lock_rows = ""
+    #: The order in which run records are read (and locked): the order Python sorts the keys in.
+    key_order = "job, slot"
     #: The statement that reads the store's clock once the rows are locked (see :attr:`now_sql`).
     locked_now_sql = ""
 
@@ -84,7 +86,7 @@ class SqlBackend(StoreBackend):
             rows = db.execute(
                 "SELECT job, slot, holder, token, state, lease_end_ms, deadline_ms, backups FROM anarchon_runs "
                 f"WHERE prefix = ? AND (job, slot) IN (VALUES {', '.join(['(?, ?)'] * len(part))}) "
-                f"ORDER BY job, slot{self.lock_rows}",
+                f"ORDER BY {self.key_order}{self.lock_rows}",
                 (self.prefix, *(value for key in part for value in key)),
             ).fetchall()
             for job, slot, holder, token, state, lease_end, deadline, backups in rows:
