@@ -11,8 +11,9 @@ A task refused is not run (Celery's ``Ignore``: no result, no retry, no history 
 What still runs:
 
 * a task whose run the store no longer knows (its record is kept ``slot_ttl_ms``) or that the
-  store could not be asked about (after one more try), with a warning: at least once rather
-  than never;
+  store could not be asked about (after one more try, with a warning): at least once rather
+  than never. The second try counts a start already made with the message's token as its own,
+  since the first may have been made and its answer lost;
 * a message the broker delivers again (``redelivered``: the worker that had it died before
   acknowledging it, with ``acks_late``), and a task's own retries: the run started, and is
   going on.
