@@ -95,9 +95,24 @@ class _Writer:
     """
 
     def __init__(self, app: Any) -> None:
-        from .control import configure  # control imports sending, which imports Celery's app machinery
+        from .backends import backend_for
+        from .control import Deployment, configure  # control imports sending, which imports Celery's app machinery
+        from .errors import ConfigError
+        from .settings import Settings
 
-        self.deployment = configure(app)  # no I/O: the backend connects on its first write
+        try:
+            self.deployment = configure(app)  # no I/O: the backend connects on its first write
+        except ConfigError as exc:
+            # A worker may lack some jobs' tasks: history needs the backend and the settings only.
+            settings = Settings.from_app(app)
+            self.deployment = Deployment(settings, backend_for(app, settings), {})
+            logger.warning(
+                "anarchon: the jobs of app %r cannot all be read in this worker (%s); their history is "
+                "kept with anarchon_history_size (%d) each",
+                getattr(app, "main", app),
+                exc,
+                settings.history_size,
+            )
         self.pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
         self._queues: dict[str, deque[_Event]] = {}

@@ -128,3 +128,31 @@ def test_a_worker_that_lacks_some_jobs_tasks_still_checks(app: Celery, tmp_path:
     assert checked(app, request(1)) is True
     assert checked(app, request(1)) is False
     store.close()
+
+
+def test_a_worker_that_lacks_some_jobs_tasks_still_keeps_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """History needs the backend and the settings only: a job whose task this worker does not
+    have is said once, and the events are written with the deployment's history_size."""
+    from anarchon_celery import signals
+    from anarchon_celery.history import encode_event
+
+    app = Celery(f"fencing-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    app.conf.update(
+        anarchon_backend=f"sqlite:///{tmp_path / 'runs.db'}",
+        anarchon_prefix="f.",
+        anarchon_history_size=3,
+        beat_schedule={"elsewhere": {"task": "other.service.task", "schedule": 60}},
+    )
+    writer = signals._Writer(app)
+    try:
+        assert "cannot all be read in this worker" in caplog.text
+        assert writer.history_size("elsewhere") == 3
+        writer.put("elsewhere", encode_event("running", run="r", job="elsewhere", at_ms=1, worker="w"), 3)
+        assert writer.flush(10) == 0
+    finally:
+        writer.close(10)
+    store = SQLiteBackend(tmp_path / "runs.db", prefix="f.")
+    assert [event["event"] for event in store.read_history(["elsewhere"])["elsewhere"]] == ["running"]
+    store.close()
