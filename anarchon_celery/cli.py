@@ -36,7 +36,7 @@ from .control import (
 )
 from .errors import AnarchonError, BrokerError
 from .history import Run, fold
-from .jobs import JOB_NAME_RE, Job
+from .jobs import JOB_NAME_RE, Job, backups_never_act
 from .schedule import from_ms
 
 __all__ = ["anarchon"]
@@ -313,7 +313,7 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
             f"runs can be decided (the store takes writes); a winner holds its run for {backend.lease_ms} ms, "
             f"{backups} backup(s) per run"
         )
-        blind = sorted(job.name for job in jobs if job.backup_runners and backend.lease_ms >= job.max_late_ms)
+        blind = sorted(job.name for job in jobs if backups_never_act(job, backend.lease_ms))
         if blind:
             raise Warned(
                 f"{shown}; but the backups of {', '.join(blind)} can never act: their max_late_ms is not longer "

@@ -206,6 +206,16 @@ def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, lea
     return value
 
 
+#: A backup comes back this long after the lease's end, so that the store finds it over.
+BACKUP_MARGIN_MS = 20
+
+
+def backups_never_act(job: Job, lease_ms: int) -> bool:
+    """Whether the job has backups that could never take a run over: its runs' deadline comes
+    before the winner's lease has run out and a backup has come back."""
+    return bool(job.backup_runners) and lease_ms + BACKUP_MARGIN_MS >= job.max_late_ms
+
+
 def check_job(
     job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True, lease_ms: int = 0
 ) -> None:

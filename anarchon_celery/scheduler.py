@@ -25,7 +25,7 @@ from .connections import keep_alive, negotiated_heartbeat
 from .control import configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
-from .jobs import Job, definition, live_gates, task_id_for
+from .jobs import BACKUP_MARGIN_MS, Job, backups_never_act, definition, live_gates, task_id_for
 from .schedule import Schedule
 from .sending import Outgoing, TaskSender, instance_id, task_connection
 
@@ -56,8 +56,6 @@ AWAY_RETRY_MS = 1_000
 #: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
 #: lease runs out, the second this much later, and so on, so that they do not all ask at once.
 BACKUP_STAGGER_MS = 500
-#: A backup comes back this long after the lease's end, so that the store finds it over.
-BACKUP_MARGIN_MS = 20
 #: While this instance is a backup of runs, it listens for their leases being handed back at
 #: least this often (seconds).
 HANDBACK_POLL_S = 0.5
@@ -189,7 +187,7 @@ class Scheduler(beat.Scheduler):
         if not backend.leases:
             return
         for job in self.jobs.values():
-            if job.backup_runners and backend.lease_ms + BACKUP_MARGIN_MS >= job.max_late_ms:
+            if backups_never_act(job, backend.lease_ms):
                 logger.warning(
                     "anarchon: job %r: max_late_ms (%d) is not longer than the winner's lease (anarchon_lease_ms "
                     "%d): its backups can never take a run over, and a winner that dies before sending loses "
@@ -249,7 +247,7 @@ class Scheduler(beat.Scheduler):
         if backend is None:
             return float(self.max_interval)
         backend.maintain()
-        if backend.leases:
+        if backend.leases and self._is_backup():  # (what is told meanwhile waits to be read)
             self._hear_hand_backs(backend)
         self._keep_alive()
         if not self._connect_after:
@@ -302,9 +300,13 @@ class Scheduler(beat.Scheduler):
         for queue in (self._queue, self._prepares):
             if queue:
                 limits.append(max(0.0, (queue[0].due_ms - now) / 1000))
-        if backend.leases and any(item.backup for item in self._queue):
+        if backend.leases and self._is_backup():
             limits.append(HANDBACK_POLL_S)  # a lease handed back is taken over without waiting for its end
         return min(limits)
+
+    def _is_backup(self) -> bool:
+        """Whether this instance is armed as the backup of a run."""
+        return any(item.backup for item in self._queue)
 
     def _hear_hand_backs(self, backend: Backend) -> None:
         """Runs this instance is a backup of whose winner handed its lease back (it is stopping,

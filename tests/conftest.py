@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 from tests.broker_control import BROKER  # noqa: E402
+from tests.stores import delete_postgres_rows, delete_redis_keys  # noqa: E402
 
 
 def _broker_up() -> bool:
@@ -83,17 +84,9 @@ def redis_url() -> str:
 def redis_prefix(redis_url: str) -> Iterator[str]:
     """A unique key prefix (use it as kombu's ``global_keyprefix``); every key under it in the
     test database is deleted after the test."""
-    import redis
-
     value = f"t-{uuid.uuid4().hex[:10]}."
     yield value
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{value}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_redis_keys(redis_url, value)
 
 
 POSTGRES = os.environ.get("ANARCHON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -123,11 +116,6 @@ def postgres_url() -> str:
 @pytest.fixture
 def postgres_prefix(postgres_url: str) -> Iterator[str]:
     """A unique prefix; every row under it in anarchon's tables is deleted after the test."""
-    import psycopg
-
     value = f"t-{uuid.uuid4().hex[:10]}."
     yield value
-    with psycopg.connect(postgres_url) as db:
-        for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_peers"):
-            if db.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None:
-                db.execute(f"DELETE FROM {table} WHERE prefix = %s", (value,))
+    delete_postgres_rows(postgres_url, value)

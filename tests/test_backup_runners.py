@@ -19,6 +19,7 @@ from kombu import Connection
 
 from anarchon_celery import task_id_for
 
+from .stores import delete_postgres_rows, delete_redis_keys
 from .test_faults import (  # noqa: F401 - beat_env: a fixture
     APP,
     ROOT,
@@ -45,21 +46,9 @@ def lease_store(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> 
     url = request.getfixturevalue(f"{kind}_url")
     yield url
     if kind == "redis":
-        import redis
-
-        client = redis.Redis.from_url(url)
-        try:
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
-        finally:
-            client.close()
+        delete_redis_keys(url, prefix)
     else:
-        import psycopg
-
-        with psycopg.connect(url) as db:
-            for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_peers"):
-                db.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
+        delete_postgres_rows(url, prefix)
 
 
 def _fleet_envs(base: dict[str, str], store: str, fault: str) -> list[dict[str, str]]:
@@ -74,6 +63,24 @@ def _faulted_slot(log: Path) -> int:
     match = re.search(r"fault: \S+ \[\('every', (\d+)\)\]", log.read_text(errors="replace"))
     assert match, log.read_text(errors="replace")[-3000:]
     return int(match.group(1))
+
+
+def _wait_in_any(logs: list[Path], needle: str, what: str, timeout: float = 30) -> None:
+    """Wait until one of the logs holds ``needle``; fail saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout
+    while not any(needle in log.read_text() for log in logs):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _tokens(broker_url: str, prefix: str) -> dict[int, list[int]]:
+    """The tokens of the messages of job ``every`` in the task queue (drained), by slot."""
+    tokens: dict[int, list[int]] = {}
+    with Connection(broker_url) as conn:
+        while (message := conn.default_channel.basic_get(f"{prefix}tasks", no_ack=True)) is not None:
+            if message.headers["anarchon_job"] == "every":
+                tokens.setdefault(message.headers["anarchon_slot"], []).append(message.headers["anarchon_token"])
+    return tokens
 
 
 def _stop(procs: list[object], logs: list[Path]) -> None:
@@ -101,20 +108,13 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
             wait_for(log, "anarchon: ready as", proc)
         procs[0].wait(60)  # it won a run, and died
         slot = _faulted_slot(logs[0])
-        deadline = time.monotonic() + 30
-        while not any(f"slot {slot}: not sent by its winner" in log.read_text() for log in logs[1:]):
-            assert time.monotonic() < deadline, "no backup took the run over"
-            time.sleep(0.2)
+        _wait_in_any(logs[1:], f"slot {slot}: not sent by its winner", "no backup took the run over")
         time.sleep(3)
         _stop(procs[1:], logs[1:])
     finally:
         for proc in procs:
             kill(proc)
-    tokens: dict[int, list[int]] = {}
-    with Connection(broker_url) as conn:
-        while (message := conn.default_channel.basic_get(f"{prefix}tasks", no_ack=True)) is not None:
-            if message.headers["anarchon_job"] == "every":
-                tokens.setdefault(message.headers["anarchon_slot"], []).append(message.headers["anarchon_token"])
+    tokens = _tokens(broker_url, prefix)
     assert tokens[slot] == [2]  # sent by the backup alone, with the next token
     assert_each_run_once([s for s, sent in tokens.items() for _ in sent])
     assert "taken over (token 2)" in "".join(log.read_text() for log in logs[1:])
@@ -143,20 +143,15 @@ def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
         wait_for(logs[0], "fault: ", procs[0])
         slot = _faulted_slot(logs[0])
         wait_for(logs[0], "1 run(s) whose send failed handed back to their backups", procs[0])
-        deadline = time.monotonic() + 30
-        while not any(f"slot {slot}: its lease was handed back; taking it over" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline, "no backup heard of the hand-back"
-            time.sleep(0.2)
+        _wait_in_any(
+            logs, f"slot {slot}: its lease was handed back; taking it over", "no backup heard of the hand-back"
+        )
         time.sleep(2)
         _stop(procs, logs)
     finally:
         for proc in procs:
             kill(proc)
-    tokens: dict[int, list[int]] = {}
-    with Connection(broker_url) as conn:
-        while (message := conn.default_channel.basic_get(f"{prefix}tasks", no_ack=True)) is not None:
-            if message.headers["anarchon_job"] == "every":
-                tokens.setdefault(message.headers["anarchon_slot"], []).append(message.headers["anarchon_token"])
+    tokens = _tokens(broker_url, prefix)
     assert tokens[slot] == [2]
     assert_each_run_once([s for s, sent in tokens.items() for _ in sent])
 
@@ -194,10 +189,7 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
             wait_for(log, "anarchon: ready as", proc)
         wait_for(logs[0], "fault: ", procs[0]) if fault.startswith("pause") else procs[0].wait(60)
         slot = _faulted_slot(logs[0])
-        deadline = time.monotonic() + 30
-        while not any(f"slot {slot}: not sent by its winner" in log.read_text() for log in logs[1:]):
-            assert time.monotonic() < deadline, "no backup took the run over"
-            time.sleep(0.2)
+        _wait_in_any(logs[1:], f"slot {slot}: not sent by its winner", "no backup took the run over")
         if fault.startswith("pause"):
             os.kill(procs[0].pid, signal.SIGCONT)  # it marks the run sent, too late: another holds it
             wait_for(logs[0], "taken over meanwhile (our token 1)", procs[0])

@@ -31,6 +31,7 @@ from anarchon_celery.sending import Outgoing, TaskSender, has_publisher_confirms
 from anarchon_celery.settings import Settings
 
 from .proxy import Proxy, free_port
+from .stores import delete_redis_keys
 from .test_faults import Fleet, kill, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,18 +48,6 @@ def redis_messages(redis_url: str, key: str) -> list[dict[str, Any]]:
     client = redis.Redis.from_url(redis_url)
     try:
         return [json.loads(raw) for raw in reversed(client.lrange(key, 0, -1))]
-    finally:
-        client.close()
-
-
-def delete_keys(redis_url: str, prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
     finally:
         client.close()
 
@@ -116,7 +105,7 @@ def test_beats_on_a_redis_broker_send_each_run_once_and_the_worker_runs_it(
         if fleet is not None:
             fleet.kill()
         kill(worker)
-        delete_keys(redis_url, prefix)  # the claims' keys, when they were in Redis
+        delete_redis_keys(redis_url, prefix)  # the claims' keys, when they were in Redis
     if claims == "redis":
         assert "anarchon: ready as" in fleet.text(0) and "Redis at redis://127.0.0.1:6379/5" in fleet.text(0)
     runs = [json.loads(line) for line in executed.read_text().splitlines()]

@@ -162,22 +162,15 @@ class StoreBackend(Backend):
     def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
         if not claims:
             return []
-        for attempt in (1, 2):
-            try:
-                answers = self._take_over(claims, instance)
-            except self.answer_lost_errors as exc:
-                # Made again on a new connection: a takeover this instance made already is
-                # found held by it, and answered "won" with its token.
-                if attempt == 1:
-                    continue
-                self._failed("take runs over", exc)
-                break
-            except self.failure_errors as exc:
-                self._failed("take runs over", exc)
-                break
-            self._recovered()
-            return [Takeover(kind, value) for kind, value in answers]
-        return [Takeover("undecided")] * len(claims)
+        try:
+            # Made again on a new connection when the answer was lost: a takeover this instance
+            # made already is found held by it, and answered "won" with its token.
+            answers = self._again_on_a_new_connection(lambda: self._take_over(claims, instance))
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            self._failed("take runs over", exc)
+            return [Takeover("undecided")] * len(claims)
+        self._recovered()
+        return [Takeover(kind, value) for kind, value in answers]
 
     def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool]:
         if not runs:
@@ -196,7 +189,7 @@ class StoreBackend(Backend):
 
     def _again_on_a_new_connection(self, step: Callable[[], T]) -> T:
         """``step``, made once more (on a new connection) when its connection failed: for the steps
-        that may be made twice (marking sent, handing back)."""
+        that may be made twice (taking over, marking sent, handing back)."""
         try:
             return step()
         except self.answer_lost_errors:
