@@ -50,8 +50,8 @@ class _Due(NamedTuple):
     backup: int = 0  # a backup's try at taking the run over: its rank (1 first)
 
 
-#: Milliseconds between the claims of a run whose gate is away (its RabbitMQ node down or cut
-#: off), made again until the run's deadline.
+#: Milliseconds between the claims of a run that is away (its gate's RabbitMQ node down or cut
+#: off, or its store unreachable), made again until the run's deadline.
 AWAY_RETRY_MS = 1_000
 #: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
 #: lease runs out, the second this much later, and so on, so that they do not all ask at once.
@@ -502,21 +502,29 @@ class Scheduler(beat.Scheduler):
         return self._send_held(runs) if runs else []
 
     def _claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
-        """Queue the claim of a run again, a moment later, if its deadline allows: its gate is
-        away (once its node is back, the gate still says whether anyone won the run), or the
-        store's clock says it is not due yet (this instance's clock is ahead)."""
+        """Queue the claim of a run again, a moment later, if its deadline allows: it is away (its
+        gate's node is down, or the store cannot be reached: once they are back, they still say
+        whether anyone won the run), or the store's clock says it is not due yet (this instance's
+        clock is ahead)."""
         job = self.jobs[claim.job]
         deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
         planned = deadline - job.max_late_ms
         again = clock.now_ms() + AWAY_RETRY_MS
         away = outcome is Outcome.AWAY
-        why = "its gate is away" if away else "the store's clock says it is not due yet"
+        backend = self.backend
+        away_now, away_still = backend.away_text if backend is not None else Backend.away_text
+        why = away_now if away else "the store's clock says it is not due yet"
         if again > deadline:
-            logger.warning(
+            level = logging.WARNING
+            if away and backend is not None and backend.in_outage():
+                backend.missed(1)  # told with the others when the outage ends
+                level = logging.DEBUG
+            logger.log(
+                level,
                 "anarchon: job %r slot %d: %s until the run's deadline (max_late_ms %d); not run by this instance",
                 claim.job,
                 claim.slot,
-                "its gate stayed away"
+                away_still
                 if away
                 else "the store's clock said it was not due (this host's clock is ahead: check its time sync)",
                 job.max_late_ms,

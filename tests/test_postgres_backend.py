@@ -35,17 +35,18 @@ def _through(proxy: Proxy, postgres_url: str) -> str:
 
 
 class _LosesTheFirstAnswer(PostgresBackend):
-    """The first batch is committed on the server, then its connection goes before the answer
-    could be read, as when a network drops the commit's reply."""
+    """The first batch (or the first ``losses``) is committed on the server, then its connection
+    goes before the answer could be read, as when a network drops the commit's reply."""
 
-    lost = False
+    losses = 1
+    lost = 0
 
     def _decide(self, claims: Any, instance: str, recover: bool) -> Any:
         import psycopg
 
         results = super()._decide(claims, instance, recover)
-        if not self.lost:
-            self.lost = True
+        if self.lost < self.losses:
+            self.lost += 1
             self._db.close()
             self._db = None
             raise psycopg.OperationalError("server closed the connection unexpectedly")
@@ -69,13 +70,29 @@ def test_a_claim_whose_commit_answer_was_lost_is_found_won_on_a_new_connection(
     rival.close()
 
 
-def test_postgres_gone_leaves_runs_undecided_and_says_when_it_is_back(
+def test_a_claim_whose_answer_was_lost_every_time_is_away_and_found_won_when_made_again(
+    postgres_url: str, postgres_prefix: str
+) -> None:
+    backend = _LosesTheFirstAnswer(postgres_url, prefix=postgres_prefix)
+    backend.losses = 2  # the claim's try and its try on a new connection
+    rival = _open(postgres_url, postgres_prefix)
+    now = rival.store_now_ms()
+    claims = [Claim("job", now - 2), Claim("job", now - 1)]
+    assert backend.claim(claims, "a") == [Outcome.AWAY] * 2
+    assert rival.claim(claims, "b") == [Outcome.LOST] * 2  # decided: the lost commits won them
+    assert backend.claim(claims, "a") == [Outcome.WON] * 2  # made again (the scheduler's retry): its own
+    assert backend.claim(claims, "a") == [Outcome.LOST] * 2  # no doubt left: a claim made twice
+    backend.close()
+    rival.close()
+
+
+def test_postgres_gone_leaves_runs_away_and_says_when_it_is_back(
     postgres_url: str, postgres_prefix: str, proxy: Proxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="anarchon_celery")
     backend = _open(_through(proxy, postgres_url), postgres_prefix, timeout=1)
     proxy.close()  # the server's port refuses connections
-    assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.UNDECIDED] * 2
+    assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.AWAY] * 2
     assert backend.in_outage()
     back = Proxy(proxy.target, port=proxy.port)
     try:
@@ -84,17 +101,17 @@ def test_postgres_gone_leaves_runs_undecided_and_says_when_it_is_back(
         back.close()
         backend.close()
     assert caplog.text.count("cannot decide claims") == 1
-    assert "is back after" in caplog.text and "2 run(s) were not claimed meanwhile" in caplog.text
+    assert "is back after" in caplog.text and "0 run(s) were not claimed meanwhile" in caplog.text
 
 
-def test_a_lock_held_past_the_timeout_leaves_the_runs_undecided(postgres_url: str, postgres_prefix: str) -> None:
+def test_a_lock_held_past_the_timeout_leaves_the_runs_away(postgres_url: str, postgres_prefix: str) -> None:
     import psycopg
 
     backend = _open(postgres_url, postgres_prefix, timeout=0.5)
     assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]
     with psycopg.connect(postgres_url) as other:  # another instance, stuck in its transaction
         other.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = %s FOR UPDATE", (postgres_prefix,))
-        assert backend.claim([Claim("job", 2)], "a") == [Outcome.UNDECIDED]
+        assert backend.claim([Claim("job", 2)], "a") == [Outcome.AWAY]
     assert backend.claim([Claim("job", 2)], "a") == [Outcome.WON]
     backend.close()
 
@@ -129,7 +146,7 @@ def test_an_unreachable_server_is_a_clear_error_without_its_password(postgres_pr
     with pytest.raises(Exception, match="does not answer") as info:
         backend.open()
     assert "s3cret" not in str(info.value) and "me:**@" in str(info.value)
-    assert backend.claim([Claim("job", 1)], "a") == [Outcome.UNDECIDED]
+    assert backend.claim([Claim("job", 1)], "a") == [Outcome.AWAY]
     shown = PostgresBackend("host=db password=s3cret dbname=x", prefix=postgres_prefix).describe()
     assert "s3cret" not in shown and "password=**" in shown
 

@@ -470,3 +470,44 @@ def test_a_run_away_or_early_is_claimed_again_until_its_deadline(
     if back_after_ms > 5_000:  # given up at its deadline, saying why
         why = "its gate stayed away" if answer is anarchon_celery.Outcome.AWAY else "this host's clock is ahead"
         assert f"job 'job' slot {T0}: " in caplog.text and why in caplog.text
+
+
+class _StoreDownFor(_AwayFor):
+    """A store backend whose store cannot be reached until `back_ms`: its claims are AWAY, and it
+    is in an outage, which counts the runs given up meanwhile for the line that ends it."""
+
+    away_text = ("the store cannot be reached", "the store could not be reached")
+    given_up = 0
+
+    def in_outage(self) -> bool:
+        return clock_module.now_ms() < self.back_ms
+
+    def missed(self, count: int) -> None:
+        self.given_up += count
+
+
+@pytest.mark.parametrize(("back_after_ms", "sent_slots"), [(2_500, [T0, T0 + 10_000]), (6_000, [T0 + 10_000])])
+def test_a_run_whose_store_is_down_is_claimed_again_and_counted_when_given_up(
+    app: Celery,
+    clock: Clock,
+    broker_url: str,
+    prefix: str,
+    back_after_ms: int,
+    sent_slots: list[int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="anarchon_celery")
+    backend = _StoreDownFor(prefix=prefix, slot_ttl_ms=60_000)
+    backend.back_ms, backend.calls = T0 + back_after_ms, []
+    app.conf.anarchon_backend = backend
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 10.0, "jitter_ms": 0, "max_late_ms": 5_000}}
+    scheduler = Scheduler(app)
+    run_until(clock, [scheduler], T0 + 12_000)
+    scheduler.close()
+    assert [m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")] == sent_slots
+    assert "the store cannot be reached; claiming it again" in caplog.text
+    given_up = [r for r in caplog.records if "the store could not be reached until" in r.getMessage()]
+    if back_after_ms > 5_000:  # given up in the outage: counted for its closing line, not warned of
+        assert backend.given_up == 1 and [r.levelno for r in given_up] == [logging.DEBUG]
+    else:
+        assert backend.given_up == 0 and not given_up

@@ -60,7 +60,7 @@ def test_runs_decided_in_one_batch_in_slot_order_whatever_the_order_given(tmp_pa
     b.close()
 
 
-def test_a_locked_database_leaves_runs_undecided_and_says_when_it_is_back(
+def test_a_locked_database_leaves_runs_away_and_says_when_it_is_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="anarchon_celery")
@@ -68,16 +68,17 @@ def test_a_locked_database_leaves_runs_undecided_and_says_when_it_is_back(
     holder = sqlite3.connect(tmp_path / "a.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holding the write lock
     try:
-        assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.UNDECIDED] * 2
+        # Away: the scheduler claims them again until their deadline; nothing was decided.
+        assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.AWAY] * 2
         assert backend.in_outage()
-        backend.missed(3)  # runs the scheduler skipped meanwhile
+        backend.missed(3)  # runs the scheduler gave up meanwhile
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]
     assert not backend.in_outage()
     assert "cannot decide claims (OperationalError: database is locked)" in caplog.text
-    assert "is back after" in caplog.text and "5 run(s) were not claimed meanwhile" in caplog.text
+    assert "is back after" in caplog.text and "3 run(s) were not claimed meanwhile" in caplog.text
     backend.close()
 
 

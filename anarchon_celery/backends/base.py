@@ -108,6 +108,8 @@ class Backend(abc.ABC):
     #: max_late_ms < slot_ttl_ms``). A backend that decides each job's runs in slot order never
     #: wins a decided run again, and says False.
     forgets_runs: bool = True
+    #: Why a run is ``AWAY``, and why it stayed so until its deadline, for the scheduler's log.
+    away_text: tuple[str, str] = ("its gate is away", "its gate stayed away")
     #: How long the backend remembers that a slot was taken, in milliseconds. A job's
     #: ``jitter_ms + max_late_ms`` must stay below it, or a very late instance could run a slot
     #: again after the backend forgot it.
@@ -130,9 +132,9 @@ class Backend(abc.ABC):
         A claim whose ``deadline_ms`` has passed before it could be made is ``UNDECIDED``. A
         claim is ``AWAY`` only when making it again later can never make a second winner.
 
-        Never raises for broker trouble: what could not be decided is ``UNDECIDED``. Exactly one
-        caller ever gets ``WON`` for a given (job, slot) while the backend remembers it
-        (``slot_ttl_ms``). Claims due at the same moment should be passed together, so that a
+        Never raises for broker trouble: what could not be decided is ``UNDECIDED``, or ``AWAY``
+        where making it again later is safe. Exactly one caller ever gets ``WON`` for a given
+        (job, slot) while the backend remembers it (``slot_ttl_ms``). Claims due at the same moment should be passed together, so that a
         backend can take them in one round trip.
 
         ``on_won``, if given, may be called with each claim as soon as it is known to be won

@@ -6,6 +6,11 @@ A store answers each claim on its own clock. A claim a little early (at most
 ahead is EARLY, for the scheduler to make again later. When the store's answer may have been lost
 with its connection, the claims are made once more on a new one, saying so: the store then counts
 a run that this instance holds already as won (the first answer's win), never as lost.
+
+When the store cannot be reached (or refuses), the claims are AWAY: the scheduler makes them
+again every second until their deadline, since the store still decides each run once, atomically,
+when it is back. A claim whose answer may have been lost is made again with the same recovery, so
+a run this instance won unknowingly is found won, not lost.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
+from .. import clock
 from ..errors import ConfigError
 from .base import Armed, Backend, Claim, Outcome, Takeover, check_prefix, check_slot_ttl
 
@@ -55,6 +61,7 @@ class StoreBackend(Backend):
     leases = True
     #: How the store's clock is named in logs ("Redis's clock").
     clock_name = "the store's clock"
+    away_text = ("the store cannot be reached", "the store could not be reached")
     #: Errors after which the answer to a claim may have been lost: made again once, recovering.
     answer_lost_errors: tuple[type[BaseException], ...] = ()
     #: Errors that leave the claims undecided (the store is unreachable, or refused).
@@ -70,6 +77,9 @@ class StoreBackend(Backend):
         self._outage_since: float | None = None
         self._missed = 0
         self._armed: list[Armed] = []
+        #: Runs whose claim's answer may have been lost with every try: made again (by the
+        #: scheduler, as AWAY), they are asked with recovery, which finds a win of this instance.
+        self._in_doubt: set[tuple[str, int]] = set()
 
     @abc.abstractmethod
     def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
@@ -107,23 +117,28 @@ class StoreBackend(Backend):
     ) -> list[Outcome]:
         outcomes: dict[int, Outcome] = {}
         todo = list(range(len(claims)))
-        recover = waited = False
+        keys = [(claim.job, claim.slot) for claim in claims]
+        self._forget_doubts()
+        recover = any(key in self._in_doubt for key in keys)
+        waited = failed = False
         while todo:
             try:
                 answers = self._decide([claims[i] for i in todo], instance, recover)
             except self.answer_lost_errors as exc:
+                self._in_doubt.update(keys[i] for i in todo)
                 if not recover:  # once more, on a new connection: a win whose answer was lost is found
                     recover = True
                     logger.info("anarchon: claiming again on a new connection to %s (%s)", self.describe(), exc)
                     continue
                 self._failed("decide claims", exc)
-                self._missed += len(todo)
+                failed = True
                 break
             except self.failure_errors as exc:
                 self._failed("decide claims", exc)
-                self._missed += len(todo)
+                failed = True
                 break
             self._recovered()
+            self._in_doubt.difference_update(keys[i] for i in todo)
             soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
             for i, (outcome, amount, rank) in zip(todo, answers):
                 if outcome is Outcome.EARLY and not waited and amount <= EARLY_WAIT_MS:
@@ -151,7 +166,15 @@ class StoreBackend(Backend):
             waited = True
             todo = [i for i, _ in soon]
         self._after_claims()
-        return [outcomes.get(i, Outcome.UNDECIDED) for i in range(len(claims))]
+        # Not decided for want of the store: claimed again until their deadline (see the module).
+        left = Outcome.AWAY if failed else Outcome.UNDECIDED
+        return [outcomes.get(i, left) for i in range(len(claims))]
+
+    def _forget_doubts(self) -> None:
+        """Drop the doubts about runs older than any claim of them can be (``slot_ttl_ms``)."""
+        if self._in_doubt:
+            oldest = clock.now_ms() - self.slot_ttl_ms
+            self._in_doubt = {key for key in self._in_doubt if key[1] >= oldest}
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -235,7 +258,7 @@ class StoreBackend(Backend):
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.error(
-                "anarchon: %s cannot %s (%s: %s); runs due meanwhile are not run by this instance",
+                "anarchon: %s cannot %s (%s: %s); runs due meanwhile are claimed again until their deadline",
                 self.describe(),
                 what,
                 type(exc).__name__,
