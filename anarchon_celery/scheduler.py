@@ -56,6 +56,8 @@ AWAY_RETRY_MS = 1_000
 #: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
 #: lease runs out, the second this much later, and so on, so that they do not all ask at once.
 BACKUP_STAGGER_MS = 500
+#: Seconds between the tries to tell the store of runs sent that it could not be told of.
+MARK_AGAIN_S = 1.0
 #: While this instance is a backup of runs, it listens for their leases being handed back at
 #: least this often (seconds).
 HANDBACK_POLL_S = 0.5
@@ -104,6 +106,10 @@ class Scheduler(beat.Scheduler):
         self._signal_handlers: dict[int, tuple[Any, Any]] = {}
         #: Runs this instance holds the lease of, not yet sent and marked sent: (job, slot): token.
         self._held: dict[tuple[str, int], int] = {}
+        #: Runs sent whose store could not be told so: (job, slot, token): until when to tell it
+        #: again (epoch ms), so that a store back within the lease keeps their backups quiet.
+        self._unmarked: dict[tuple[str, int, int], int] = {}
+        self._mark_again_at = 0.0
         super().__init__(app, *args, **kwargs)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -249,6 +255,8 @@ class Scheduler(beat.Scheduler):
         backend.maintain()
         if backend.leases and self._is_backup():  # (what is told meanwhile waits to be read)
             self._hear_hand_backs(backend)
+        if self._unmarked:
+            self._mark_again(backend)
         self._keep_alive()
         if not self._connect_after:
             self._connect_sender()  # lost while asleep (while the task broker is away: after the claims only)
@@ -302,7 +310,24 @@ class Scheduler(beat.Scheduler):
                 limits.append(max(0.0, (queue[0].due_ms - now) / 1000))
         if backend.leases and self._is_backup():
             limits.append(HANDBACK_POLL_S)  # a lease handed back is taken over without waiting for its end
+        if self._unmarked:
+            limits.append(MARK_AGAIN_S)
         return min(limits)
+
+    def _mark_again(self, backend: Backend) -> None:
+        """Tell the store again, at most every :data:`MARK_AGAIN_S`, of the runs sent that it could
+        not be told of, until it answers or their backups can no longer act."""
+        if time.monotonic() < self._mark_again_at:
+            return
+        self._mark_again_at = time.monotonic() + MARK_AGAIN_S
+        now = clock.now_ms()
+        for run, until in list(self._unmarked.items()):
+            if until < now:
+                del self._unmarked[run]
+        runs = list(self._unmarked)
+        for run, marked in zip(runs, backend.mark_sent(runs, self.instance) if runs else []):
+            if marked is not None:
+                del self._unmarked[run]
 
     def _is_backup(self) -> bool:
         """Whether this instance is armed as the backup of a run."""
@@ -451,8 +476,11 @@ class Scheduler(beat.Scheduler):
             return done
         sent = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is None and d.run.token]
         failed = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is not None and d.run.token]
+        until = {(d.run.job.name, d.run.slot, d.run.token): d.run.deadline_ms + backend.lease_ms for d in done}
         for (job, slot, token), marked in zip(sent, backend.mark_sent(sent, self.instance)):
-            if not marked:
+            if marked is None:
+                self._unmarked[job, slot, token] = until[job, slot, token]
+            elif not marked:
                 logger.debug(
                     "anarchon: job %r slot %d: taken over meanwhile (our token %d); the workers run one of them",
                     job,

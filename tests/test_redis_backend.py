@@ -67,6 +67,7 @@ def test_redis_gone_leaves_runs_away_and_says_when_it_is_back(
     proxy.close()  # Redis's port refuses connections
     assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.AWAY] * 2
     assert backend.in_outage()
+    assert backend.mark_sent([("job", 0, 1)], "a") == [None]  # not told: the caller tells it again
     backend.missed(1)
     back = Proxy(proxy.target, port=proxy.port)
     try:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +15,7 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 import anarchon_celery
-from anarchon_celery import ConfigError, MemoryBackend, RabbitMQBackend, Scheduler, task_id_for
+from anarchon_celery import ConfigError, MemoryBackend, RabbitMQBackend, Scheduler, SQLiteBackend, task_id_for
 from anarchon_celery import clock as clock_module
 from anarchon_celery.backends.rabbitmq import gate_name
 from anarchon_celery.connections import negotiated_heartbeat
@@ -511,3 +514,36 @@ def test_a_run_whose_store_is_down_is_claimed_again_and_counted_when_given_up(
         assert backend.given_up == 1 and [r.levelno for r in given_up] == [logging.DEBUG]
     else:
         assert backend.given_up == 0 and not given_up
+
+
+class _DeafToMarks(SQLiteBackend):
+    """A SQLite backend whose first marks of runs sent fail, as when the store is restarting."""
+
+    fails = 2  # the mark, and its try on a new connection
+
+    def _mark_sent(self, runs: Any) -> list[bool]:
+        self.marks = getattr(self, "marks", 0) + 1
+        if self.marks <= self.fails:
+            raise sqlite3.OperationalError("disk I/O error")
+        return super()._mark_sent(runs)
+
+
+def test_a_run_sent_that_the_store_could_not_be_told_of_is_marked_sent_when_it_answers(
+    app: Celery, broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Told again until the store answers: a store back within the lease keeps the run's backups
+    quiet, instead of letting them send it again."""
+    backend = _DeafToMarks(tmp_path / "runs.db", prefix=prefix, slot_ttl_ms=60_000, lease_ms=30_000)
+    app.conf.anarchon_backend = backend
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "max_late_ms": 5_000}}
+    scheduler = Scheduler(app)
+    try:
+        deadline = time.monotonic() + 20
+        while getattr(backend, "marks", 0) <= backend.fails + 1 and time.monotonic() < deadline:
+            time.sleep(min(scheduler.tick(), 0.2))
+    finally:
+        scheduler.close()
+    first = sent(broker_url, f"{prefix}tasks")[0].headers["anarchon_slot"]
+    record = backend.run_record("job", first)
+    assert record is not None and record.state == "sent" and record.token == 1
+    backend.close()

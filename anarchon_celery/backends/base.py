@@ -134,8 +134,8 @@ class Backend(abc.ABC):
 
         Never raises for broker trouble: what could not be decided is ``UNDECIDED``, or ``AWAY``
         where making it again later is safe. Exactly one caller ever gets ``WON`` for a given
-        (job, slot) while the backend remembers it (``slot_ttl_ms``). Claims due at the same moment should be passed together, so that a
-        backend can take them in one round trip.
+        (job, slot) while the backend remembers it (``slot_ttl_ms``). Claims due at the same
+        moment should be passed together, so that a backend can take them in one round trip.
 
         ``on_won``, if given, may be called with each claim as soon as it is known to be won
         (its outcome is then ``WON``), before the others are answered, so that its task can be
@@ -162,10 +162,11 @@ class Backend(abc.ABC):
         next fencing token. Never raises for store trouble (``"undecided"``)."""
         raise NotImplementedError(f"{type(self).__name__} holds no leases")
 
-    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool]:
+    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool | None]:
         """The tasks of ``(job, slot, token)`` were sent by ``instance``: their leases are done.
-        False for a run another holder took over meanwhile (or the store could not be reached:
-        the lease then runs out, and a backup finds the task sent by the worker's check)."""
+        False for a run another holder took over meanwhile; None when the store could not be
+        reached, for the caller to tell it again (until then, a backup may take the run over once
+        the lease runs out, and the worker's check runs one of the two messages)."""
         raise NotImplementedError(f"{type(self).__name__} holds no leases")
 
     def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:

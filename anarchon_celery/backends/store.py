@@ -195,20 +195,19 @@ class StoreBackend(Backend):
         self._recovered()
         return [Takeover(kind, value) for kind, value in answers]
 
-    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool]:
+    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool | None]:
         if not runs:
             return []
         try:
-            return self._again_on_a_new_connection(lambda: self._mark_sent(runs))
+            return list(self._again_on_a_new_connection(lambda: self._mark_sent(runs)))
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.info(
-                "anarchon: %d run(s) sent but not marked sent in %s (%s); their backups will find them sent "
-                "by the workers' check",
+                "anarchon: %d run(s) sent but not marked sent in %s (%s); told again until it answers",
                 len(runs),
                 self.describe(),
                 exc,
             )
-            return [False] * len(runs)
+            return [None] * len(runs)
 
     def _again_on_a_new_connection(self, step: Callable[[], T]) -> T:
         """``step``, made once more (on a new connection) when its connection failed: for the steps
