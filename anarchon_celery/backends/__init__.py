@@ -55,7 +55,7 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             if transport not in AMQP_SCHEMES:
                 raise ConfigError(
                     f"the app's broker is {connection.as_uri()}, neither RabbitMQ nor Redis: set "
-                    "anarchon_backend to an amqp://, redis:// or sqlite:/// URL, or a backend"
+                    "anarchon_backend to an amqp://, redis://, postgresql:// or sqlite:/// URL, or a backend"
                 )
         finally:
             connection.release()
