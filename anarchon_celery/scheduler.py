@@ -474,12 +474,12 @@ class Scheduler(beat.Scheduler):
             self._held.pop((run.job.name, run.slot), None)
         if backend is None or not backend.leases:
             return done
-        sent = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is None and d.run.token]
+        sent_runs = [d.run for d in done if d.error is None and d.run.token]
+        sent = [(run.job.name, run.slot, run.token) for run in sent_runs]
         failed = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is not None and d.run.token]
-        until = {(d.run.job.name, d.run.slot, d.run.token): d.run.deadline_ms + backend.lease_ms for d in done}
-        for (job, slot, token), marked in zip(sent, backend.mark_sent(sent, self.instance)):
+        for run, (job, slot, token), marked in zip(sent_runs, sent, backend.mark_sent(sent, self.instance)):
             if marked is None:
-                self._unmarked[job, slot, token] = until[job, slot, token]
+                self._unmarked[job, slot, token] = run.deadline_ms + backend.lease_ms
             elif not marked:
                 logger.debug(
                     "anarchon: job %r slot %d: taken over meanwhile (our token %d); the workers run one of them",

@@ -444,6 +444,17 @@ class _AwayFor(MemoryBackend):
         return super().claim(claims, instance, on_won=on_won)
 
 
+def _sent_slots_with(backend: _AwayFor, app: Celery, clock: Clock, broker_url: str, prefix: str) -> list[int]:
+    """The slots sent by a scheduler on ``backend`` running a job every 10 s (jitter 0, 5 s of
+    lateness) from before T0 to T0 + 12 s."""
+    app.conf.anarchon_backend = backend
+    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 10.0, "jitter_ms": 0, "max_late_ms": 5_000}}
+    scheduler = Scheduler(app)
+    run_until(clock, [scheduler], T0 + 12_000)
+    scheduler.close()
+    return [m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")]
+
+
 @pytest.mark.parametrize("answer", [anarchon_celery.Outcome.AWAY, anarchon_celery.Outcome.EARLY])
 @pytest.mark.parametrize(("back_after_ms", "sent_slots"), [(2_500, [T0, T0 + 10_000]), (6_000, [T0 + 10_000])])
 def test_a_run_away_or_early_is_claimed_again_until_its_deadline(
@@ -458,13 +469,7 @@ def test_a_run_away_or_early_is_claimed_again_until_its_deadline(
 ) -> None:
     backend = _AwayFor(prefix=prefix, slot_ttl_ms=60_000)
     backend.back_ms, backend.calls, backend.answer = T0 + back_after_ms, [], answer
-    app.conf.anarchon_backend = backend
-    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 10.0, "jitter_ms": 0, "max_late_ms": 5_000}}
-    scheduler = Scheduler(app)
-    run_until(clock, [scheduler], T0 + 12_000)
-    scheduler.close()
-    slots = [m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")]
-    assert slots == sent_slots
+    assert _sent_slots_with(backend, app, clock, broker_url, prefix) == sent_slots
     first = [at for at, slot in backend.calls if slot == T0]
     # Claimed at the slot, then about every AWAY_RETRY_MS, never after its deadline (max_late_ms).
     assert first[0] == T0 and all(at <= T0 + 5_000 for at in first)
@@ -502,12 +507,7 @@ def test_a_run_whose_store_is_down_is_claimed_again_and_counted_when_given_up(
     caplog.set_level(logging.DEBUG, logger="anarchon_celery")
     backend = _StoreDownFor(prefix=prefix, slot_ttl_ms=60_000)
     backend.back_ms, backend.calls = T0 + back_after_ms, []
-    app.conf.anarchon_backend = backend
-    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 10.0, "jitter_ms": 0, "max_late_ms": 5_000}}
-    scheduler = Scheduler(app)
-    run_until(clock, [scheduler], T0 + 12_000)
-    scheduler.close()
-    assert [m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")] == sent_slots
+    assert _sent_slots_with(backend, app, clock, broker_url, prefix) == sent_slots
     assert "the store cannot be reached; claiming it again" in caplog.text
     given_up = [r for r in caplog.records if "the store could not be reached until" in r.getMessage()]
     if back_after_ms > 5_000:  # given up in the outage: counted for its closing line, not warned of
