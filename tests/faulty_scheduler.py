@@ -4,7 +4,8 @@ lease tests. ``TEST_FAULT`` says which:
 * ``die-after-claim``: SIGKILL, the run won, before its task is written;
 * ``die-after-send``: SIGKILL, its task sent (confirmed), before the run is marked sent;
 * ``pause-after-send``: SIGSTOP at that point (the test sends SIGCONT);
-* ``fail-send``: the task of that run is not sent, as if the broker had refused it after a second.
+* ``fail-send``: the task of that run is not sent, as if the broker had refused it, once the other
+  instances are armed as the run's backups.
 """
 
 from __future__ import annotations
@@ -81,12 +82,26 @@ class FaultyScheduler(Scheduler):
             kept = [run for run in runs if not failing(run)]
             errors = iter(send(kept))
             if len(kept) < len(runs):
-                time.sleep(1)  # a broker slow to refuse: the other instances have lost the run meanwhile
+                self._wait_for_backups()
             return [RuntimeError("fault: not sent") if failing(run) else next(errors) for run in runs]
 
         sender.write = failing_write  # type: ignore[method-assign]
         sender.send = failing_send  # type: ignore[method-assign]
         return sender
+
+    def _wait_for_backups(self) -> None:
+        """A broker slow to refuse: it answers once the other instances have lost the run and are
+        armed as its backups (a loaded machine can delay their claims past any fixed wait, and a
+        claim made after the hand-back would take the run over without hearing of it)."""
+        assert self._failing is not None and self.backend is not None
+        job, slot = self._failing
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            record = self.backend.run_record(job, slot)  # type: ignore[attr-defined]
+            if record is not None and record.backups >= 2:
+                return
+            time.sleep(0.05)
+        logger.warning("fault: the run's backups were not armed within 60 s")
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
