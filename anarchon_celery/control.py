@@ -17,7 +17,7 @@ from .backends import Backend, RabbitMQBackend, backend_for
 from .backends.rabbitmq import history_name
 from .errors import BrokerError, ConfigError
 from .history import Run, encode_event, fold
-from .jobs import CLAIM_ONLY, JOB_NAME_RE, Job, collect_jobs
+from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
 from .sending import instance_id, send_run, task_connection
 from .settings import LEASE_SETTINGS, Settings
 
@@ -63,7 +63,7 @@ def configure(app: Any) -> Deployment:
     if not backend.leases:
         for key in LEASE_SETTINGS:
             if key in settings.given:
-                raise ConfigError(f"anarchon_{key} is not available: {CLAIM_ONLY}")
+                raise ConfigError(f"anarchon_{key} is not available: {claim_only(backend.title)}")
     jobs = collect_jobs(
         app,
         settings,
@@ -72,6 +72,7 @@ def configure(app: Any) -> Deployment:
         forgets_runs=backend.forgets_runs,
         leases=backend.leases,
         lease_ms=backend.lease_ms,
+        title=backend.title,
     )
     return Deployment(settings, backend, {job.name: job for job in jobs})
 

@@ -42,11 +42,18 @@ JOB_KEYS = frozenset(
     }
 )
 
-#: Why a backend without leases takes no lease option.
-CLAIM_ONLY = (
-    "the RabbitMQ backend is claim only (a winner that dies before sending loses its run). Use a "
-    "backend that holds leases: anarchon_backend = 'redis://…', 'postgresql://…' or 'sqlite:///…'"
-)
+#: The backend named in the errors of a job read without a backend at hand (the default one).
+RABBITMQ = "the RabbitMQ backend"
+
+
+def claim_only(title: str) -> str:
+    """Why a backend without leases (``title``, as "the RabbitMQ backend") takes no lease option."""
+    return (
+        f"{title} is claim only (a winner that dies before sending loses its run). Use a backend "
+        "that holds leases: anarchon_backend = 'redis://…', 'postgresql://…' or 'sqlite:///…'"
+    )
+
+
 _NOT_YET = "anarchon_celery does not offer it yet"
 #: Options of anarchon that anarchon_celery does not take, with why.
 REFUSED_KEYS = {
@@ -133,7 +140,13 @@ def _unknown_key_error(job: str, key: str) -> ConfigError:
 
 
 def make_job(
-    name: Any, entry: Mapping[str, Any], settings: Settings, app_tz: dt.tzinfo, *, leases: bool = False
+    name: Any,
+    entry: Mapping[str, Any],
+    settings: Settings,
+    app_tz: dt.tzinfo,
+    *,
+    leases: bool = False,
+    title: str = RABBITMQ,
 ) -> Job:
     """Build and validate one job from a ``beat_schedule``-style entry."""
     if not isinstance(name, str) or not JOB_NAME_RE.match(name):
@@ -190,14 +203,14 @@ def make_job(
         jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms")),
         max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
         history_size=_check_int(name, "history_size", setting("history_size")),
-        backup_runners=_backup_runners(name, entry, settings, leases),
+        backup_runners=_backup_runners(name, entry, settings, leases, title),
     )
 
 
-def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, leases: bool) -> int:
+def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, leases: bool, title: str) -> int:
     given = entry.get("backup_runners")
     if given is not None and not leases:
-        raise ConfigError(f"job {name!r}: backup_runners is not available: {CLAIM_ONLY}")
+        raise ConfigError(f"job {name!r}: backup_runners is not available: {claim_only(title)}")
     if not leases:
         return 0
     value = _check_int(name, "backup_runners", settings.backup_runners if given is None else given)
@@ -398,6 +411,7 @@ def collect_jobs(
     forgets_runs: bool = True,
     leases: bool = False,
     lease_ms: int = 0,
+    title: str = RABBITMQ,
 ) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
@@ -419,7 +433,7 @@ def collect_jobs(
     jobs: dict[str, Job] = {}
     registered = app.tasks
     for name, entry in entries:
-        job = make_job(name, entry, settings, app_tz, leases=leases)
+        job = make_job(name, entry, settings, app_tz, leases=leases, title=title)
         if name in jobs:
             raise ConfigError(
                 f"two jobs are named {name!r}: give one another name (@cron(name=...) or another beat_schedule key)"

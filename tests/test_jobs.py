@@ -135,6 +135,29 @@ def test_backup_runners_are_refused_on_a_claim_only_backend() -> None:
 
 
 @pytest.mark.parametrize(
+    "backend, title", [("memory://", "the memory backend"), ("amqp://guest@127.0.0.1:1//", "the RabbitMQ backend")]
+)
+@pytest.mark.parametrize(
+    "given, what",
+    [
+        ({"beat_schedule": {"j": entry(backup_runners=1)}}, "job 'j': backup_runners"),
+        ({"anarchon_backup_runners": 1}, "anarchon_backup_runners"),
+        ({"anarchon_lease_ms": 5000}, "anarchon_lease_ms"),
+    ],
+)
+def test_lease_options_on_a_claim_only_backend_name_that_backend(
+    backend: str, title: str, given: dict[str, Any], what: str
+) -> None:
+    from anarchon_celery.control import configure
+
+    app = make_app(**{"beat_schedule": {"j": entry()}, **given})
+    app.conf.anarchon_backend = backend
+    with pytest.raises(ConfigError) as info:
+        configure(app)  # reads the settings only: no broker is asked
+    assert str(info.value).startswith(f"{what} is not available: {title} is claim only (a winner that dies")
+
+
+@pytest.mark.parametrize(
     "given, expected",
     [(None, 2), (0, 0), (1, 1), (10, 10), (11, "at most 10"), (-1, ">= 0"), (True, ">= 0"), ("2", ">= 0")],
 )

@@ -103,6 +103,8 @@ class Backend(abc.ABC):
 
     #: Prefix of every name this backend creates.
     prefix: str
+    #: How errors name this backend ("the RabbitMQ backend").
+    title: str = "this backend"
     #: Whether the backend forgets a run ``slot_ttl_ms`` after it was taken, so that a very late
     #: claim could win it again: jobs are then held to the safety rule (``lead_ms + jitter_ms +
     #: max_late_ms < slot_ttl_ms``). A backend that decides each job's runs in slot order never

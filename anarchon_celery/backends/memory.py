@@ -23,6 +23,8 @@ __all__ = ["MemoryBackend"]
 class MemoryBackend(Backend):
     """Claims held in a dict, forgotten ``slot_ttl_ms`` after they were taken."""
 
+    title = "the memory backend"
+
     def __init__(self, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> None:
         self.prefix = check_prefix(prefix)
         self.slot_ttl_ms = check_slot_ttl(slot_ttl_ms)

@@ -61,6 +61,8 @@ class RabbitMQBackend(Backend):
         ssl: as kombu's ``Connection(ssl=...)``.
     """
 
+    title = "the RabbitMQ backend"
+
     def __init__(
         self,
         url: str | Sequence[str] = "amqp://localhost",
