@@ -35,6 +35,7 @@ from anarchon_celery.backends.rabbitmq import (
     check_server,
     gate_arguments,
     gate_name,
+    gates,
     history_arguments,
     history_name,
 )
@@ -602,6 +603,31 @@ def test_a_gate_the_broker_refuses_costs_only_its_own_run(broker_url: str, prefi
         claims = [Claim("j", 1), Claim("k", 1)]
         assert backend.claim(claims, "me") == [Outcome.BAD_GATE, Outcome.WON]
         assert mine.connection is raw  # the caller's connection was neither closed nor replaced
+        backend.close()
+
+
+def test_a_gate_said_to_live_on_a_node_down_is_declared_once_more_before_its_run_is_away(
+    broker_url: str, prefix: str
+) -> None:
+    # RabbitMQ 4.3.6 answered one of six clients racing to declare a new gate, on a single node
+    # that was up, with this 404. A first declare that gets it is made once more at once: the gate
+    # is used if it answers, and its run is away (claimed again later) only if the 404 holds.
+    backend = rabbit(broker_url, prefix)
+    gate, missing = gate_name(prefix, "j", 1), gate_name(prefix, "j", 2)
+    backend.claim([Claim("j", 1)], "me")  # the gate exists, on the node that answers
+
+    def reply(name: str) -> str:
+        where = f"home node 'rabbit@elsewhere' of durable queue '{name}' in vhost '/'"
+        return f"NOT_FOUND - {where} is down or inaccessible"
+
+    try:
+        backend.link.connect(None)
+        assert gates._refused(backend.link, gate, reply(gate), 60_000, logging.WARNING, again=True) is None
+        assert gates._refused(backend.link, missing, reply(missing), 60_000, logging.WARNING, again=True) is None
+        assert gates._refused(backend.link, gate, reply(gate), 60_000, logging.DEBUG, again=False) is Outcome.AWAY
+        stopped = f"NOT_FOUND - queue '{gate}' in vhost '/' process is stopped by supervisor"
+        assert gates._refused(backend.link, gate, stopped, 60_000, logging.WARNING, again=True) is Outcome.AWAY
+    finally:
         backend.close()
 
 

@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 
 #: How RabbitMQ 3.x and 4.x word a 404 for a queue that exists on a node that is down.
 _NODE_GONE = ("is down or inaccessible", "stopped by supervisor", "due to timeout", "not running")
+#: The one of them that RabbitMQ 4 also gave, once, on a single node that was up, to one of six
+#: clients racing to declare the same new gate (4.3.6; most likely its metadata store held the
+#: queue a moment before the node's view of live queues did). Rare: 12,000 racing declares later
+#: gave none.
+_NODE_DOWN = "is down or inaccessible"
 
 
 def node_gone(reply: str) -> bool:
@@ -60,7 +65,7 @@ def declare_gates(
         link,
         gates,
         arguments,
-        lambda gate, reply: _refused(link, gate, reply, slot_ttl_ms, level),
+        lambda gate, reply: _refused(link, gate, reply, slot_ttl_ms, level, again=not quiet),
         timeout=timeout or link.confirm_timeout,
         apart=apart,
         level=level,
@@ -201,9 +206,13 @@ def _away(gate: str, reply: str, level: int) -> Outcome:
     return Outcome.AWAY
 
 
-def _refused(link: Link, gate: str, reply: str, slot_ttl_ms: int, level: int) -> Outcome | None:
-    """The verdict of a gate whose declare closed the channel: away, or adopted, or refused."""
-    if node_gone(reply):
+def _refused(link: Link, gate: str, reply: str, slot_ttl_ms: int, level: int, *, again: bool) -> Outcome | None:
+    """The verdict of a gate whose declare closed the channel: away, or adopted, or refused.
+
+    A gate said to be on a node that is down is declared once more at once when ``again`` (not
+    for gates already known to be away): a node that is really down answers the same, in a round
+    trip, and a gate caught in RabbitMQ 4's race between two first declares is there by now."""
+    if node_gone(reply) and not (again and _NODE_DOWN in reply):
         return _away(gate, reply, level)
     return declare_gate(link, gate, slot_ttl_ms, level)
 
