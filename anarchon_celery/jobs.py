@@ -230,12 +230,19 @@ def backups_never_act(job: Job, lease_ms: int) -> bool:
 
 
 def check_job(
-    job: Job, prefix: str, slot_ttl_ms: int, lead_ms: int = 0, *, forgets_runs: bool = True, lease_ms: int = 0
+    job: Job,
+    prefix: str,
+    slot_ttl_ms: int,
+    lead_ms: int = 0,
+    *,
+    forgets_runs: bool = True,
+    lease_ms: int = 0,
+    title: str = RABBITMQ,
 ) -> None:
     """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
     outlive the latest moment anyone may claim it, counted from its first declaration, which
     comes ``lead_ms`` before the slot) for a backend that forgets runs (see
-    :attr:`~anarchon_celery.backends.Backend.forgets_runs`)."""
+    :attr:`~anarchon_celery.backends.Backend.forgets_runs`), named by its ``title``."""
     longest = len(f"{prefix}{job.name}{_LONGEST_SUFFIX}".encode())
     if longest > MAX_QUEUE_NAME:
         raise ConfigError(
@@ -245,11 +252,11 @@ def check_job(
     if forgets_runs and lead_ms + job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
         lead = "anarchon_lead_ms + " if lead_ms else ""
         lead_value = f"{lead_ms} + " if lead_ms else ""
+        forgets = "after a gate expires, RabbitMQ forgets" if title == RABBITMQ else f"after it, {title} forgets"
         raise ConfigError(
             f"job {job.name!r}: {lead}jitter_ms + max_late_ms ({lead_value}{job.jitter_ms} + {job.max_late_ms} ms) "
-            f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): after a gate expires, RabbitMQ "
-            "forgets the run was taken and a late instance could run it again. Lower them or "
-            "raise anarchon_slot_ttl_ms"
+            f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): {forgets} the run was taken and a late "
+            "instance could run it again. Lower them or raise anarchon_slot_ttl_ms"
         )
     if job.backup_runners and job.jitter_ms + job.max_late_ms + lease_ms >= slot_ttl_ms:
         raise ConfigError(
@@ -446,6 +453,6 @@ def collect_jobs(
                 "Import its module in the beat process (imports/include settings)"
             )
         check_arguments(job, registered[job.task], app)
-        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs, lease_ms=lease_ms)
+        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs, lease_ms=lease_ms, title=title)
         jobs[name] = job
     return list(jobs.values())

@@ -20,7 +20,7 @@ setting. Recording never fails a task, nor makes it wait for the broker:
   best do without: its later ones still give its status).
 * At a clean stop (``worker_shutdown``, ``worker_process_shutdown`` in a prefork child, and at exit
   for anything else) the buffer is flushed for up to :data:`FLUSH_TIMEOUT_S` seconds; what is left
-  after that (RabbitMQ unavailable) is logged as an error with its count. A process killed with
+  after that (the backend unavailable) is logged as an error with its count. A process killed with
   SIGKILL loses what its buffer held.
 * A task run eagerly (``task_always_eager``) waits for its events to be written, as the run it
   belongs to is in the caller's hands.
@@ -163,9 +163,10 @@ class _Writer:
         now = time.monotonic()
         if now - self._drop_warned_at >= DROP_WARNING_S:
             logger.warning(
-                "anarchon: history buffer full (%d events waiting; RabbitMQ slow or unavailable): "
+                "anarchon: history buffer full (%d events waiting; %s slow or unavailable): "
                 "%d oldest event(s) dropped since the last warning, %d in all by this process",
                 self._waiting,
+                self.deployment.backend.describe(),
                 self._dropped_unreported,
                 self.dropped,
             )
@@ -206,10 +207,11 @@ class _Writer:
         if left:
             logger.error(
                 "anarchon: %d history event(s) of job(s) %s not written at shutdown within %.0fs "
-                "(RabbitMQ slow or unavailable): lost",
+                "(%s slow or unavailable): lost",
                 left,
                 ", ".join(map(repr, jobs)) or "(being written)",
                 timeout,
+                self.deployment.backend.describe(),
             )
         self._thread.join(1.0)
         if not self._thread.is_alive():  # else it is stuck on the broker: leave its backend alone
@@ -294,7 +296,7 @@ class _Writer:
             self._succeeded(list(by_job))
             return []
         if len(by_job) == 1 or not written:
-            # Nothing written: RabbitMQ is away, or that one job's stream is refused. Several jobs:
+            # Nothing written: the backend is away, or refuses that one job's history. Several jobs:
             # which is it? The next batches hold one job each until one of them is written.
             self._probe = self._probe or len(by_job) > 1
             for job, events in by_job.items():

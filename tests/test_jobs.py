@@ -214,6 +214,23 @@ def test_safety_rule(lead: int, jitter: int, late: int, ttl: int, ok: bool) -> N
             jobs_of(app, slot_ttl_ms=ttl)
 
 
+@pytest.mark.parametrize(
+    "backend, forgets",
+    [
+        ("memory://", "after it, the memory backend forgets the run was taken"),
+        ("amqp://guest@127.0.0.1:1//", "after a gate expires, RabbitMQ forgets the run was taken"),
+    ],
+)
+def test_the_safety_rule_names_the_backend_that_forgets(backend: str, forgets: str) -> None:
+    from anarchon_celery.control import configure
+
+    app = make_app(beat_schedule={"j": entry(max_late_ms=300_000)})
+    app.conf.anarchon_backend = backend
+    with pytest.raises(ConfigError) as info:
+        configure(app)  # reads the settings only: no broker is asked
+    assert f"must be shorter than slot_ttl_ms (300000 ms): {forgets} and a late instance" in str(info.value)
+
+
 def test_names_too_long_for_queue_names_are_refused() -> None:
     longest_ok = "j" * (255 - len("cron.") - len(".slot.") - 16)
     assert jobs_of(make_app(beat_schedule={longest_ok: entry()}))
