@@ -41,6 +41,8 @@ BROKER = os.environ.get("ANARCHON_DEMO_BROKER", LOCAL_RABBITMQ)
 #: The demo's backends: claims in RabbitMQ (the broker), or in a SQLite file with the tasks as files.
 BACKENDS = ("rabbitmq", "sqlite")
 WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
+#: A run won and sent (a "won, but sending ... failed" line is not one).
+SENT = re.compile(r"anarchon: job '([^']+)' slot (\d+): won, sent")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
 END_MARGIN_MS = 3_000
 #: Seconds between two progress lines while the demo runs.
@@ -242,8 +244,8 @@ def _wait_ready(procs: dict[Path, subprocess.Popen[bytes]], needle: str, timeout
         time.sleep(0.2)
 
 
-def _so_far(executions: Path, logs: list[Path]) -> str:
-    """What the demo has done so far: runs executed, duplicates, runs won by each instance."""
+def _executed(executions: Path) -> Counter[str]:
+    """How many times each task id has executed so far."""
     executed: Counter[str] = Counter()
     if executions.exists():
         for line in executions.read_text(errors="replace").splitlines():
@@ -251,6 +253,48 @@ def _so_far(executions: Path, logs: list[Path]) -> str:
                 executed[json.loads(line)["task_id"]] += 1
             except (ValueError, KeyError, TypeError):  # a line still being written
                 continue
+    return executed
+
+
+def _sent_not_run(prefix: str, executions: Path, logs: list[Path], until_ms: int | None = None) -> int:
+    """How many runs (with a slot up to ``until_ms``) the logs show sent that have not executed yet."""
+    from anarchon_celery import task_id_for
+
+    executed = _executed(executions)
+    sent = {
+        (job, int(slot))
+        for log in logs
+        if log.exists()
+        for job, slot in SENT.findall(log.read_text(errors="replace"))
+        if until_ms is None or int(slot) <= until_ms
+    }
+    return sum(1 for job, slot in sent if task_id_for(prefix, job, slot) not in executed)
+
+
+def _wait_until_run(
+    prefix: str, executions: Path, logs: list[Path], folder: Path | None, until_ms: int | None = None
+) -> None:
+    """Wait (up to a minute) until every run the logs show sent has executed, and, without
+    ``until_ms`` (the schedulers stopped), until the tasks queue is empty; say so if it gives up."""
+    deadline = time.monotonic() + 60
+    said = time.monotonic()
+    while True:
+        waiting = _sent_not_run(prefix, executions, logs, until_ms)
+        depth = _queue_depth(f"{prefix}tasks", folder) if until_ms is None else 0
+        if not waiting and not depth:
+            return
+        if time.monotonic() > deadline:
+            say(f"gave up waiting after 60 s: {waiting} run(s) sent but not executed, {depth} task(s) still queued")
+            return
+        if time.monotonic() - said >= PROGRESS_EVERY_S:
+            say(f"waiting for the worker: {waiting} run(s) sent but not executed, {depth} task(s) queued")
+            said = time.monotonic()
+        time.sleep(0.5)
+
+
+def _so_far(executions: Path, logs: list[Path]) -> str:
+    """What the demo has done so far: runs executed, duplicates, runs won by each instance."""
+    executed = _executed(executions)
     duplicates = sum(1 for n in executed.values() if n > 1)
     won = ", ".join(f"{log.stem} {len(WON.findall(log.read_text(errors='replace')))}" for log in logs)
     return f"{len(executed)} runs executed so far, {duplicates} duplicates; won by {won}"
@@ -346,22 +390,17 @@ def run(
                     exited.add(log)
                     say(f"{log.stem} exited (status {proc.returncode}); --keep-logs keeps its log")
             say(f"{elapsed:g}/{duration:g} s: {_so_far(executions, beat_logs)}")
-        if embedded:  # stop the schedulers first, then let the queue drain
-            say("time is up: stopping the workers (each finishes the task it is running)")
+        if embedded:  # the workers stop consuming at once: first let them run the window's runs
+            say("time is up: waiting for the window's runs sent to execute")
+            _wait_until_run(prefix, executions, beat_logs, folder, until_ms=window_end - END_MARGIN_MS)
+            say("stopping the workers (each finishes the task it is running)")
             for proc in workers:
                 proc.send_signal(signal.SIGTERM)
         else:
             say("time is up: stopping the beat instances")
             for proc in beat_procs:
                 stop(proc)
-            deadline = time.monotonic() + 60
-            said = 0.0
-            while (depth := _queue_depth(f"{prefix}tasks", folder)) and time.monotonic() < deadline:
-                if time.monotonic() - said >= PROGRESS_EVERY_S:
-                    say(f"waiting for the worker to run the {depth} task(s) still queued")
-                    said = time.monotonic()
-                time.sleep(0.5)
-            time.sleep(1)  # the last task may still be executing
+            _wait_until_run(prefix, executions, beat_logs, folder)
             say("stopping the worker")
         for proc in workers:
             stop(proc)
@@ -415,11 +454,10 @@ def _report(
     )
 
     import anarchon_celery
-    from anarchon_celery import Settings, task_id_for
-    from anarchon_celery.jobs import collect_jobs
+    from anarchon_celery import task_id_for
+    from anarchon_celery.control import configure
 
-    settings = Settings.from_app(demo_app.app)
-    jobs = collect_jobs(demo_app.app, settings, settings.prefix, settings.slot_ttl_ms)
+    jobs = list(configure(demo_app.app).jobs.values())  # with this backend's options (leases): no I/O
 
     from kombu import Connection
 
