@@ -593,6 +593,22 @@ def test_a_queue_that_is_not_a_gate_never_counts_as_won(
     assert connection.channel().queue_declare(name, passive=True).message_count == 0
 
 
+def test_gates_refused_run_after_run_keep_no_channel_open(broker_url: str, prefix: str, connection: Connection) -> None:
+    # py-amqp opens a channel the broker closed again at once: each refused declare used to leave
+    # one open (two with the adoption's declare), until the connection ran out of channels.
+    name = gate_name(prefix, "job", 7)
+    connection.channel().queue_declare(name, durable=True, auto_delete=False, arguments={})  # not a gate
+    backend = rabbit(broker_url, prefix)
+    try:
+        for slot in range(1, 11):
+            assert backend.claim([Claim("job", 7), Claim("other", slot)], "me") == [Outcome.BAD_GATE, Outcome.WON]
+        channels = backend.link.connection.connection.channels  # id 0: the connection itself
+        open_channels = [c for n, c in channels.items() if n and c.is_open]
+        assert len(open_channels) <= 3, len(open_channels)  # declares, claims, and one closing
+    finally:
+        backend.close()
+
+
 def test_a_gate_the_broker_refuses_costs_only_its_own_run(broker_url: str, prefix: str) -> None:
     with Connection(broker_url) as other, Connection(broker_url) as mine:
         # An exclusive queue of another connection, named like job j's gate: 405 RESOURCE_LOCKED.

@@ -194,7 +194,11 @@ class Link:
         return self._declarer
 
     def forget_declarer(self) -> None:
-        """The broker closed the declaring channel: the next declare opens another."""
+        """The broker closed the declaring channel: the next declare opens another. py-amqp has
+        opened it again already (``Channel._on_close``), so it is closed without waiting, or
+        every refused declare would keep a channel open until the connection runs out of them."""
+        if self._declarer is not None:
+            let_go(self._declarer)
         self._declarer = None
 
     def abandon_declarer(self) -> None:
