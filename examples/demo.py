@@ -45,6 +45,8 @@ WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
 SENT = re.compile(r"anarchon: job '([^']+)' slot (\d+): won, sent")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
 END_MARGIN_MS = 3_000
+#: The latest a run may be sent after its slot: demo_app's anarchon_jitter_ms + anarchon_max_late_ms.
+LATEST_SEND_MS = 5_500
 #: Seconds between two progress lines while the demo runs.
 PROGRESS_EVERY_S = 5
 
@@ -257,7 +259,7 @@ def _executed(executions: Path) -> Counter[str]:
 
 
 def _sent_not_run(prefix: str, executions: Path, logs: list[Path], until_ms: int | None = None) -> int:
-    """How many runs (with a slot up to ``until_ms``) the logs show sent that have not executed yet."""
+    """How many runs (with a slot before ``until_ms``) the logs show sent that have not executed yet."""
     from anarchon_celery import task_id_for
 
     executed = _executed(executions)
@@ -266,7 +268,7 @@ def _sent_not_run(prefix: str, executions: Path, logs: list[Path], until_ms: int
         for log in logs
         if log.exists()
         for job, slot in SENT.findall(log.read_text(errors="replace"))
-        if until_ms is None or int(slot) <= until_ms
+        if until_ms is None or int(slot) < until_ms
     }
     return sum(1 for job, slot in sent if task_id_for(prefix, job, slot) not in executed)
 
@@ -275,7 +277,11 @@ def _wait_until_run(
     prefix: str, executions: Path, logs: list[Path], folder: Path | None, until_ms: int | None = None
 ) -> None:
     """Wait (up to a minute) until every run the logs show sent has executed, and, without
-    ``until_ms`` (the schedulers stopped), until the tasks queue is empty; say so if it gives up."""
+    ``until_ms`` (the schedulers stopped), until the tasks queue is empty; say so if it gives up.
+    With ``until_ms`` (the schedulers still running), first until every run before it is sent or
+    past the latest moment it may be."""
+    if until_ms is not None:
+        time.sleep(max(0.0, (until_ms + LATEST_SEND_MS - now_ms()) / 1000))
     deadline = time.monotonic() + 60
     said = time.monotonic()
     while True:

@@ -26,7 +26,7 @@ app.conf.update(
     task_default_queue=f"{PREFIX}tasks",
     anarchon_prefix=PREFIX,
     anarchon_jitter_ms=500,
-    anarchon_max_late_ms=5_000,
+    anarchon_max_late_ms=5_000,  # examples/demo.py's LATEST_SEND_MS is jitter + this
     anarchon_slot_ttl_ms=60_000,
     broker_connection_retry_on_startup=True,
     beat_schedule={
