@@ -41,8 +41,8 @@ BROKER = os.environ.get("ANARCHON_DEMO_BROKER", LOCAL_RABBITMQ)
 #: The demo's backends: claims in RabbitMQ (the broker), or in a SQLite file with the tasks as files.
 BACKENDS = ("rabbitmq", "sqlite")
 WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
-#: A run won and sent (a "won, but sending ... failed" line is not one).
-SENT = re.compile(r"anarchon: job '([^']+)' slot (\d+): won, sent")
+#: A run won and sent, with its task id (a "won, but sending ... failed" line is not one).
+SENT = re.compile(r"anarchon: job '[^']+' slot (\d+): won, sent \S*\[([^\]]+)\]")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
 END_MARGIN_MS = 3_000
 #: The latest a run may be sent after its slot: demo_app's anarchon_jitter_ms + anarchon_max_late_ms.
@@ -258,19 +258,16 @@ def _executed(executions: Path) -> Counter[str]:
     return executed
 
 
-def _sent_not_run(prefix: str, executions: Path, logs: list[Path], until_ms: int | None = None) -> int:
+def _sent_not_run(executions: Path, logs: list[Path], until_ms: int | None = None) -> int:
     """How many runs (with a slot before ``until_ms``) the logs show sent that have not executed yet."""
-    from anarchon_celery import task_id_for
-
-    executed = _executed(executions)
     sent = {
-        (job, int(slot))
+        task_id
         for log in logs
         if log.exists()
-        for job, slot in SENT.findall(log.read_text(errors="replace"))
+        for slot, task_id in SENT.findall(log.read_text(errors="replace"))
         if until_ms is None or int(slot) < until_ms
     }
-    return sum(1 for job, slot in sent if task_id_for(prefix, job, slot) not in executed)
+    return len(sent - _executed(executions).keys())
 
 
 def _wait_until_run(
@@ -285,7 +282,7 @@ def _wait_until_run(
     deadline = time.monotonic() + 60
     said = time.monotonic()
     while True:
-        waiting = _sent_not_run(prefix, executions, logs, until_ms)
+        waiting = _sent_not_run(executions, logs, until_ms)
         depth = _queue_depth(f"{prefix}tasks", folder) if until_ms is None else 0
         if not waiting and not depth:
             return

@@ -19,13 +19,12 @@ from .names import gate_arguments
 
 logger = logging.getLogger(__name__)
 
-#: How RabbitMQ 3.x and 4.x word a 404 for a queue that exists on a node that is down.
-_NODE_GONE = ("is down or inaccessible", "stopped by supervisor", "due to timeout", "not running")
-#: The one of them that RabbitMQ 4 also gave, once, on a single node that was up, to one of six
-#: clients racing to declare the same new gate (4.3.6; most likely its metadata store held the
-#: queue a moment before the node's view of live queues did). Rare: 12,000 racing declares later
-#: gave none.
+#: The 404 that RabbitMQ 4 also gave, once, on a single node that was up, to one of six clients
+#: racing to declare the same new gate (4.3.6; most likely its metadata store held the queue a
+#: moment before the node's view of live queues did). Rare: 12,000 racing declares later gave none.
 _NODE_DOWN = "is down or inaccessible"
+#: How RabbitMQ 3.x and 4.x word a 404 for a queue that exists on a node that is down.
+_NODE_GONE = (_NODE_DOWN, "stopped by supervisor", "due to timeout", "not running")
 
 
 def node_gone(reply: str) -> bool:
@@ -122,7 +121,7 @@ def _declare(
             verdicts[todo[answered]] = on_close(todo[answered], str(exc.reply_text))
             todo = todo[answered + 1 :]
         except TimeoutError:
-            link.abandon_declarer()
+            link.forget_declarer()
             verdicts[todo[answered]] = _unanswered(todo[answered], timeout, level)
             verdicts.update(_declare_apart(link, todo[answered + 1 :], arguments, on_close, passive, timeout, level))
             todo = []
@@ -254,7 +253,7 @@ def declare_gate(link: Link, gate: str, slot_ttl_ms: int, level: int = logging.W
         )
         return Outcome.BAD_GATE
     except TimeoutError:
-        link.abandon_declarer()
+        link.forget_declarer()
         return _unanswered(gate, link.confirm_timeout, level)
     if refusal is not None:
         logger.error(

@@ -194,16 +194,9 @@ class Link:
         return self._declarer
 
     def forget_declarer(self) -> None:
-        """The broker closed the declaring channel: the next declare opens another. py-amqp has
-        opened it again already (``Channel._on_close``), so it is closed without waiting, or
-        every refused declare would keep a channel open until the connection runs out of them."""
-        if self._declarer is not None:
-            let_go(self._declarer)
-        self._declarer = None
-
-    def abandon_declarer(self) -> None:
-        """The declaring channel waits for an answer that is not coming: it is closed without
-        waiting, and the next declare opens another."""
+        """The declaring channel is of no more use: the broker closed it, or it waits for an
+        answer that is not coming. It is closed without waiting (a channel the broker closed,
+        py-amqp has opened again: ``Channel._on_close``), and the next declare opens another."""
         if self._declarer is not None:
             let_go(self._declarer)
         self._declarer = None
