@@ -6,6 +6,10 @@ lease tests. ``TEST_FAULT`` says which:
 * ``pause-after-send``: SIGSTOP at that point (the test sends SIGCONT);
 * ``fail-send``: the task of that run is not sent, as if the broker had refused it, once the other
   instances are armed as the run's backups.
+
+Only a run whose slot comes after the epoch milliseconds written in the file ``TEST_FAULT_FROM``
+names is faulted: the test writes it once every instance is ready, so that the faulted run is one
+the others claim too, and are armed as backups of (a run won before they started has none).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import signal
 import time
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from anarchon_celery import Scheduler
@@ -23,6 +28,15 @@ from anarchon_celery.sending import Outgoing, TaskSender
 logger = logging.getLogger(__name__)
 
 FAULT = os.environ.get("TEST_FAULT", "")
+FAULT_FROM = os.environ.get("TEST_FAULT_FROM", "")
+
+
+def may_fault(slot: int) -> bool:
+    """Whether the run at ``slot`` comes after the moment the test wrote (the fleet ready)."""
+    try:
+        return slot > int(Path(FAULT_FROM).read_text())
+    except (OSError, ValueError):
+        return False  # not written yet (or being written)
 
 
 class FaultyScheduler(Scheduler):
@@ -51,12 +65,12 @@ class FaultyScheduler(Scheduler):
         write, send = sender.write, sender.send
 
         def faulty_write(run: Outgoing) -> None:
-            if run.token == 1:
+            if run.token == 1 and may_fault(run.slot):
                 self._fault("claim", [(run.job.name, run.slot)])
             write(run)
 
         def faulty_send(runs: Any) -> Any:
-            first = [(run.job.name, run.slot) for run in runs if run.token == 1]
+            first = [(run.job.name, run.slot) for run in runs if run.token == 1 and may_fault(run.slot)]
             if first:
                 self._fault("claim", first)
             return send(runs)
@@ -69,7 +83,7 @@ class FaultyScheduler(Scheduler):
         write, send = sender.write, sender.send
 
         def failing(run: Outgoing) -> bool:
-            if self._failing is None and run.token == 1:
+            if self._failing is None and run.token == 1 and may_fault(run.slot):
                 self._failing = (run.job.name, run.slot)
                 logger.warning("fault: %s %s", FAULT, [self._failing])
             return (run.job.name, run.slot) == self._failing
@@ -111,7 +125,7 @@ class FaultyScheduler(Scheduler):
         mark_sent = backend.mark_sent
 
         def faulty_mark_sent(runs: Any, instance: str) -> Any:
-            first = [(job, slot) for job, slot, token in runs if token == 1]
+            first = [(job, slot) for job, slot, token in runs if token == 1 and may_fault(slot)]
             if first:
                 self._fault("send", first)
             return mark_sent(runs, instance)

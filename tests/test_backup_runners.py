@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -51,12 +52,37 @@ def lease_store(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> 
         delete_postgres_rows(url, prefix)
 
 
-def _fleet_envs(base: dict[str, str], store: str, fault: str) -> list[dict[str, str]]:
-    """The faulty beat first; the two others claim 300 ms after the slot, so it wins the races."""
+def _fleet_envs(base: dict[str, str], store: str, fault: str, tmp_path: Path) -> list[dict[str, str]]:
+    """The faulty beat first; the two others claim up to 300 ms after the slot, so it wins most
+    races. It faults only once :func:`_start_fleet` says the fleet is ready."""
     env = dict(base, HISTORY_APP_BACKEND=store, HISTORY_APP_EVERY="1", HISTORY_APP_LEASE_MS=str(LEASE_MS))
-    faulty = dict(env, TEST_BEAT_SCHEDULER="tests.faulty_scheduler.FaultyScheduler", TEST_FAULT=fault)
+    faulty = dict(
+        env,
+        TEST_BEAT_SCHEDULER="tests.faulty_scheduler.FaultyScheduler",
+        TEST_FAULT=fault,
+        TEST_FAULT_FROM=str(tmp_path / "fault-from"),
+    )
     others = dict(env, HISTORY_APP_JITTER_MS="300")
     return [faulty, others, others]
+
+
+def _start_fleet(envs: list[dict[str, str]], logs: list[Path]) -> list[subprocess.Popen[bytes]]:
+    """Start the beats; once all are ready, let the faulty one fault from the next run on. A run
+    won before the others had started has no backups (they claim from their start on): faulted,
+    nobody would take it over."""
+    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    try:
+        for proc, log in zip(procs, logs):
+            wait_for(log, "anarchon: ready as", proc)
+    except BaseException:
+        for proc in procs:
+            kill(proc)
+        raise
+    written = Path(envs[0]["TEST_FAULT_FROM"])
+    partial = written.with_suffix(".partial")
+    partial.write_text(str(int(time.time() * 1000)))
+    partial.rename(written)  # read whole, or not at all
+    return procs
 
 
 def _faulted_slot(log: Path) -> int:
@@ -83,11 +109,11 @@ def _tokens(broker_url: str, prefix: str) -> dict[int, list[int]]:
     return tokens
 
 
-def _stop(procs: list[object], logs: list[Path]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
     for proc in procs:
-        proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+        proc.send_signal(signal.SIGTERM)
     for proc, log in zip(procs, logs):
-        assert proc.wait(30) == 0, log.read_text(errors="replace")[-3000:]  # type: ignore[attr-defined]
+        assert proc.wait(30) == 0, log.read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.timeout(180)
@@ -100,12 +126,10 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
 ) -> None:
     """Killed right after winning, before its task is written: a backup sends that run once its
     lease has run out, and every run is sent exactly once."""
-    envs = _fleet_envs(beat_env, lease_store, "die-after-claim")
+    envs = _fleet_envs(beat_env, lease_store, "die-after-claim", tmp_path)
     logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    procs = _start_fleet(envs, logs)
     try:
-        for proc, log in zip(procs, logs):
-            wait_for(log, "anarchon: ready as", proc)
         procs[0].wait(60)  # it won a run, and died
         slot = _faulted_slot(logs[0])
         _wait_in_any(logs[1:], f"slot {slot}: not sent by its winner", "no backup took the run over")
@@ -133,13 +157,11 @@ def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
     run's lateness allowed (20 s): the hand-back is what saves it."""
     envs = [
         dict(env, HISTORY_APP_LEASE_MS="15000", HISTORY_APP_MAX_LATE_MS="20000")
-        for env in _fleet_envs(beat_env, lease_store, "fail-send")
+        for env in _fleet_envs(beat_env, lease_store, "fail-send", tmp_path)
     ]
     logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    procs = _start_fleet(envs, logs)
     try:
-        for proc, log in zip(procs, logs):
-            wait_for(log, "anarchon: ready as", proc)
         wait_for(logs[0], "fault: ", procs[0])
         slot = _faulted_slot(logs[0])
         wait_for(logs[0], "1 run(s) whose send failed handed back to their backups", procs[0])
@@ -180,13 +202,11 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
     """The winner's task is sent, then the winner dies (or stalls past its lease) before marking
     it sent: a backup takes the run over and sends it again with the next token. Both messages
     wait in the queue; the worker runs the backup's and refuses the first winner's."""
-    envs = _fleet_envs(beat_env, lease_store, fault)
+    envs = _fleet_envs(beat_env, lease_store, fault, tmp_path)
     logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    procs = _start_fleet(envs, logs)
     worker = None
     try:
-        for proc, log in zip(procs, logs):
-            wait_for(log, "anarchon: ready as", proc)
         wait_for(logs[0], "fault: ", procs[0]) if fault.startswith("pause") else procs[0].wait(60)
         slot = _faulted_slot(logs[0])
         _wait_in_any(logs[1:], f"slot {slot}: not sent by its winner", "no backup took the run over")
