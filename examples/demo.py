@@ -41,6 +41,8 @@ BROKER = os.environ.get("ANARCHON_DEMO_BROKER", LOCAL_RABBITMQ)
 #: The demo's backends: claims in RabbitMQ (the broker), or in a SQLite file with the tasks as files.
 BACKENDS = ("rabbitmq", "sqlite")
 WON = re.compile(r"anarchon: job '([^']+)' slot (\d+): won")
+#: A backup that took a run over (its winner did not send it within its lease): it also logs "won".
+TAKEN = re.compile(r"anarchon: job '([^']+)' slot (\d+): not sent by its winner within its lease; taken over")
 #: A run won and sent, with its task id (a "won, but sending ... failed" line is not one).
 SENT = re.compile(r"anarchon: job '[^']+' slot (\d+): won, sent \S*\[([^\]]+)\]")
 #: Slots this close to the end of the window are not expected yet (jitter plus a safety margin).
@@ -466,16 +468,21 @@ def _report(
 
     password = Connection(env["ANARCHON_DEMO_BROKER"]).password
     winners: dict[tuple[str, int], list[str]] = defaultdict(list)
+    taken_over: dict[tuple[str, int], list[str]] = defaultdict(list)
     password_shown = False
     for log in beat_logs:
         text = log.read_text(errors="replace")
         password_shown |= bool(password) and f":{password}@" in text
+        taken = {(job, int(slot)) for job, slot in TAKEN.findall(text)}
+        for job, slot in taken:
+            taken_over[job, slot].append(log.stem)
         for job, slot in WON.findall(text):
-            winners[(job, int(slot))].append(log.stem)
+            if (job, int(slot)) not in taken:  # its send as a backup: not a claim won
+                winners[(job, int(slot))].append(log.stem)
     lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
     executed = Counter(line["task_id"] for line in lines)
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     for job in jobs:
         for slot in job.schedule.slots(window_start, window_end - END_MARGIN_MS):
             task_id = task_id_for(prefix, job.name, slot)
@@ -485,6 +492,7 @@ def _report(
                     "slot": slot,
                     "task_id": task_id,
                     "winners": winners.get((job.name, slot), []),
+                    "taken_over_by": taken_over.get((job.name, slot), []),
                     "executed": executed.get(task_id, 0),
                 }
             )
@@ -509,7 +517,10 @@ def _print_table(result: dict[str, Any]) -> None:
     print(f"{'job':<10} {'slot (UTC)':<25} {'won by':<10} executed")
     for run_ in result["runs"]:
         when = dt.datetime.fromtimestamp(run_["slot"] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
-        print(f"{run_['job']:<10} {when:<25} {','.join(run_['winners']) or '-':<10} {run_['executed']}")
+        won_by = ",".join(run_["winners"]) or "-"
+        if run_["taken_over_by"]:
+            won_by += f", taken over by {','.join(run_['taken_over_by'])}"
+        print(f"{run_['job']:<10} {when:<25} {won_by:<10} {run_['executed']}")
     print(
         f"\n{result['beats']} beat instances, {result['window_s']} s: {result['expected']} runs expected, "
         f"{result['executed']} executed, {result['duplicates']} duplicated, {result['missed']} missed"

@@ -317,17 +317,27 @@ class _OwnRedis:
         subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True, check=False)
         self._wait(False)
 
-    def _wait(self, up: bool) -> None:
-        import socket
+    def _answers(self) -> bool | None:
+        """True when Redis answers; None while it is loading its data (it listens, and answers
+        every command with LOADING); False when nothing listens."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
+        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+        try:
+            return bool(client.ping())
+        except redis.BusyLoadingError:  # (a ConnectionError)
+            return None
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return False
+        finally:
+            client.close()
+
+    def _wait(self, up: bool) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                answering = True
-            except OSError:
-                answering = False
-            if answering is up:
+            if self._answers() is up:
                 return
             time.sleep(0.05)
         raise AssertionError(f"Redis on port {self.port} did not {'start' if up else 'stop'}")
