@@ -301,8 +301,19 @@ def _so_far(executions: Path, logs: list[Path]) -> str:
     """What the demo has done so far: runs executed, duplicates, runs won by each instance."""
     executed = _executed(executions)
     duplicates = sum(1 for n in executed.values() if n > 1)
-    won = ", ".join(f"{log.stem} {len(WON.findall(log.read_text(errors='replace')))}" for log in logs)
+    won = ", ".join(f"{log.stem} {len(_claims_won(log.read_text(errors='replace')))}" for log in logs)
     return f"{len(executed)} runs executed so far, {duplicates} duplicates; won by {won}"
+
+
+def _taken_over(text: str) -> set[tuple[str, int]]:
+    """The runs a beat's log shows it took over as a backup."""
+    return {(job, int(slot)) for job, slot in TAKEN.findall(text)}
+
+
+def _claims_won(text: str) -> list[tuple[str, int]]:
+    """The runs a beat's log shows it won by its claim (a backup's send logs "won" too)."""
+    taken = _taken_over(text)
+    return [(job, int(slot)) for job, slot in WON.findall(text) if (job, int(slot)) not in taken]
 
 
 def _delete(prefix: str) -> None:
@@ -473,12 +484,10 @@ def _report(
     for log in beat_logs:
         text = log.read_text(errors="replace")
         password_shown |= bool(password) and f":{password}@" in text
-        taken = {(job, int(slot)) for job, slot in TAKEN.findall(text)}
-        for job, slot in taken:
-            taken_over[job, slot].append(log.stem)
-        for job, slot in WON.findall(text):
-            if (job, int(slot)) not in taken:  # its send as a backup: not a claim won
-                winners[(job, int(slot))].append(log.stem)
+        for run in _taken_over(text):
+            taken_over[run].append(log.stem)
+        for run in _claims_won(text):
+            winners[run].append(log.stem)
     lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
     executed = Counter(line["task_id"] for line in lines)
 

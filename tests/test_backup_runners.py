@@ -76,9 +76,9 @@ def _fleet_envs(base: dict[str, str], store: str, fault: str, tmp_path: Path) ->
 
 
 def _start_fleet(envs: list[dict[str, str]], logs: list[Path]) -> list[subprocess.Popen[bytes]]:
-    """Start the beats; once all are ready, let the faulty one fault from the next run on. A run
-    won before the others had started has no backups (they claim from their start on): faulted,
-    nobody would take it over."""
+    """Start the beats; once all are ready, let the faulty one fault from a second later on. A
+    run won before the others had started has no backups (they claim from their start on):
+    faulted, nobody would take it over."""
     procs = [start_beat(env, log) for env, log in zip(envs, logs)]
     try:
         for proc, log in zip(procs, logs):
@@ -89,7 +89,8 @@ def _start_fleet(envs: list[dict[str, str]], logs: list[Path]) -> list[subproces
         raise
     written = Path(envs[0]["TEST_FAULT_FROM"])
     partial = written.with_suffix(".partial")
-    partial.write_text(str(int(time.time() * 1000)))
+    # A second ahead: a run is faulted at both of its steps (written, then sent) or at neither.
+    partial.write_text(str(int(time.time() * 1000) + 1000))
     partial.rename(written)  # read whole, or not at all
     return procs
 

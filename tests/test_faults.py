@@ -111,6 +111,19 @@ class Fleet:
         return self.logs[index].read_text(errors="replace")
 
 
+def wait_for_a_held_claim(log: Path, proc: subprocess.Popen[bytes], after: int, timeout: float = 60) -> int:
+    """Wait for a claim that a stalled broker holds: a "claiming" line past ``after`` that no
+    outcome follows (one logged just before the stall may have been answered). Returns the
+    offset past it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        at = wait_for(log, "anarchon: claiming", proc, timeout=max(0.1, deadline - time.monotonic()), after=after)
+        time.sleep(0.5)
+        if "anarchon: job 'every' slot " not in log.read_text(errors="replace")[at:]:
+            return at
+        after = at
+
+
 def assert_each_run_once(slots: list[int], allowed_missing: int = 0) -> None:
     counted = Counter(slots)
     assert counted, "no run was sent"
@@ -129,10 +142,9 @@ def test_sigterm_during_a_claim_finishes_it_and_sends_the_task(
     beat = start_beat(dict(beat_env, HISTORY_APP_BACKEND=proxy.url(), HISTORY_APP_HISTORY_SIZE="0"), log)
     try:
         seen = wait_for(log, "anarchon: ready as", beat)
-        wait_for(log, "won, sent", beat, after=seen)  # claims work through the proxy
+        seen = wait_for(log, "won, sent", beat, after=seen)  # claims work through the proxy
         proxy.stall()  # the next claim waits for the broker's answer...
-        seen = len(log.read_text(errors="replace"))  # (a claim logged before the stall was answered)
-        seen = wait_for(log, "anarchon: claiming", beat, after=seen)
+        seen = wait_for_a_held_claim(log, beat, after=seen)
         beat.send_signal(signal.SIGTERM)  # ...while the stop signal arrives
         # The grace (stopping.GRACE_S, 2 s) runs from here: the claim is let through at once.
         wait_for(log, "anarchon: stop requested", beat, after=seen)
@@ -166,13 +178,13 @@ def test_a_stop_takes_effect_at_once_while_the_broker_is_unreachable(
     )
     beat = start_beat(env, log)
     try:
-        wait_for(log, "won, sent", beat)
+        seen = wait_for(log, "won, sent", beat)
         if outage == "refused":
-            proxy.close()  # connections cut, new ones refused
+            proxy.close()  # connections cut, new ones refused: claims are made again every second
+            seen = wait_for(log, "anarchon: claiming", beat, after=len(log.read_text(errors="replace")))
         else:
             proxy.stall()  # a black hole: no answer, no close
-        seen = len(log.read_text(errors="replace"))  # (a claim logged before the outage was answered)
-        seen = wait_for(log, "anarchon: claiming", beat, after=seen)  # a claim is waiting on the broker
+            seen = wait_for_a_held_claim(log, beat, after=seen)  # a claim is waiting on the broker
         time.sleep(1)
         beat.send_signal(signal.SIGTERM)
         try:
