@@ -301,19 +301,15 @@ def _so_far(executions: Path, logs: list[Path]) -> str:
     """What the demo has done so far: runs executed, duplicates, runs won by each instance."""
     executed = _executed(executions)
     duplicates = sum(1 for n in executed.values() if n > 1)
-    won = ", ".join(f"{log.stem} {len(_claims_won(log.read_text(errors='replace')))}" for log in logs)
+    won = ", ".join(f"{log.stem} {len(_wins(log.read_text(errors='replace'))[0])}" for log in logs)
     return f"{len(executed)} runs executed so far, {duplicates} duplicates; won by {won}"
 
 
-def _taken_over(text: str) -> set[tuple[str, int]]:
-    """The runs a beat's log shows it took over as a backup."""
-    return {(job, int(slot)) for job, slot in TAKEN.findall(text)}
-
-
-def _claims_won(text: str) -> list[tuple[str, int]]:
-    """The runs a beat's log shows it won by its claim (a backup's send logs "won" too)."""
-    taken = _taken_over(text)
-    return [(job, int(slot)) for job, slot in WON.findall(text) if (job, int(slot)) not in taken]
+def _wins(text: str) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
+    """The runs a beat's log shows it won by its claim, and those it took over as a backup (whose
+    send logs "won" too)."""
+    taken = {(job, int(slot)) for job, slot in TAKEN.findall(text)}
+    return [(job, int(slot)) for job, slot in WON.findall(text) if (job, int(slot)) not in taken], taken
 
 
 def _delete(prefix: str) -> None:
@@ -484,10 +480,11 @@ def _report(
     for log in beat_logs:
         text = log.read_text(errors="replace")
         password_shown |= bool(password) and f":{password}@" in text
-        for run in _taken_over(text):
-            taken_over[run].append(log.stem)
-        for run in _claims_won(text):
+        won, taken = _wins(text)
+        for run in won:
             winners[run].append(log.stem)
+        for run in taken:
+            taken_over[run].append(log.stem)
     lines = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
     executed = Counter(line["task_id"] for line in lines)
 

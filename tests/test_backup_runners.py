@@ -24,6 +24,7 @@ from .stores import delete_postgres_rows, delete_redis_keys
 from .test_faults import (  # noqa: F401 - beat_env: a fixture
     APP,
     ROOT,
+    Fleet,
     assert_each_run_once,
     beat_env,
     kill,
@@ -75,24 +76,22 @@ def _fleet_envs(base: dict[str, str], store: str, fault: str, tmp_path: Path) ->
     return [faulty, others, others]
 
 
-def _start_fleet(envs: list[dict[str, str]], logs: list[Path]) -> list[subprocess.Popen[bytes]]:
+def _start_fleet(tmp_path: Path, envs: list[dict[str, str]]) -> Fleet:
     """Start the beats; once all are ready, let the faulty one fault from a second later on. A
     run won before the others had started has no backups (they claim from their start on):
     faulted, nobody would take it over."""
-    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    fleet = Fleet(tmp_path, envs)
     try:
-        for proc, log in zip(procs, logs):
-            wait_for(log, "anarchon: ready as", proc)
+        fleet.wait_ready()
     except BaseException:
-        for proc in procs:
-            kill(proc)
+        fleet.kill()
         raise
     written = Path(envs[0]["TEST_FAULT_FROM"])
     partial = written.with_suffix(".partial")
     # A second ahead: a run is faulted at both of its steps (written, then sent) or at neither.
     partial.write_text(str(int(time.time() * 1000) + 1000))
     partial.rename(written)  # read whole, or not at all
-    return procs
+    return fleet
 
 
 def _faulted_slot(log: Path) -> int:
@@ -137,8 +136,8 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
     """Killed right after winning, before its task is written: a backup sends that run once its
     lease has run out, and every run is sent exactly once."""
     envs = _fleet_envs(beat_env, lease_store, "die-after-claim", tmp_path)
-    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = _start_fleet(envs, logs)
+    fleet = _start_fleet(tmp_path, envs)
+    procs, logs = fleet.procs, fleet.logs
     try:
         procs[0].wait(60)  # it won a run, and died
         slot = _faulted_slot(logs[0])
@@ -169,8 +168,8 @@ def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
         dict(env, HISTORY_APP_LEASE_MS="15000", HISTORY_APP_MAX_LATE_MS="20000")
         for env in _fleet_envs(beat_env, lease_store, "fail-send", tmp_path)
     ]
-    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = _start_fleet(envs, logs)
+    fleet = _start_fleet(tmp_path, envs)
+    procs, logs = fleet.procs, fleet.logs
     try:
         wait_for(logs[0], "fault: ", procs[0])
         slot = _faulted_slot(logs[0])
@@ -213,8 +212,8 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
     it sent: a backup takes the run over and sends it again with the next token. Both messages
     wait in the queue; the worker runs the backup's and refuses the first winner's."""
     envs = _fleet_envs(beat_env, lease_store, fault, tmp_path)
-    logs = [tmp_path / f"beat-{n}.log" for n in range(3)]
-    procs = _start_fleet(envs, logs)
+    fleet = _start_fleet(tmp_path, envs)
+    procs, logs = fleet.procs, fleet.logs
     worker = None
     try:
         wait_for(logs[0], "fault: ", procs[0]) if fault.startswith("pause") else procs[0].wait(60)
