@@ -43,6 +43,7 @@ from anarchon_celery.history import encode_event, fold
 
 from . import broker_control as control
 from .proxy import Proxy
+from .redis_servers import OwnRedisServer
 
 pytestmark = pytest.mark.broker
 
@@ -106,6 +107,18 @@ def test_batches_answer_each_claim_in_order(make_backend: Any) -> None:
     claims = [Claim("x", 1), Claim("x", 2), Claim("y", 1), Claim("z", 1)]
     assert b.claim(claims, "b") == [Outcome.LOST, Outcome.WON, Outcome.LOST, Outcome.WON]
     assert a.claim([], "a") == []
+
+
+def test_runs_claimed_in_any_order_are_each_won_once(make_backend: Any) -> None:
+    """Instances back from an outage claim the runs due meanwhile each in its own order (a later
+    run first): every run is still won, once."""
+    a, b, c = make_backend(), make_backend(), make_backend()
+    first, second, third = (clock.now_ms() - 3_000 + 1_000 * n for n in range(3))
+    assert a.claim([Claim("job", third)], "a") == [Outcome.WON]
+    assert b.claim([Claim("job", first)], "b") == [Outcome.WON]
+    claims = [Claim("job", second), Claim("job", first), Claim("job", third)]
+    assert c.claim(claims, "c") == [Outcome.WON, Outcome.LOST, Outcome.LOST]
+    assert a.claim(claims, "a") == [Outcome.LOST] * 3
 
 
 def test_each_win_is_reported_once_as_it_is_known(make_backend: Any) -> None:
@@ -290,59 +303,6 @@ def test_a_lease_handed_back_is_heard_by_the_other_instances(make_backend: Any) 
     assert b.handed_back() == []  # told once
 
 
-class _OwnRedis:
-    """A Redis server of the test's own (persisted at every write), to restart."""
-
-    def __init__(self, folder: Path) -> None:
-        from .proxy import free_port
-
-        self.port, self.folder = free_port(), folder
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.start()
-
-    def start(self) -> None:
-        import subprocess
-
-        subprocess.run(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)]
-            + ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "yes"],
-            check=True,
-            capture_output=True,
-        )
-        self._wait(True)
-
-    def stop(self) -> None:
-        import subprocess
-
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True, check=False)
-        self._wait(False)
-
-    def _answers(self) -> bool | None:
-        """True when Redis answers; None while it is loading its data (it listens, and answers
-        every command with LOADING); False when nothing listens."""
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
-        try:
-            return bool(client.ping())
-        except redis.BusyLoadingError:  # (a ConnectionError)
-            return None
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            return False
-        finally:
-            client.close()
-
-    def _wait(self, up: bool) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self._answers() is up:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"Redis on port {self.port} did not {'start' if up else 'stop'}")
-
-
 def _restart_postgres() -> None:
     import subprocess
 
@@ -368,7 +328,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
     if kind == "redis":
         if shutil.which("redis-server") is None:
             pytest.skip("no redis-server here")
-        server = _OwnRedis(tmp_path)
+        server = OwnRedisServer(tmp_path)
         url, prefix = server.url, "restart."
     else:
         if shutil.which("pg_ctlcluster") is None or os.environ.get("ANARCHON_TEST_POSTGRES"):
@@ -381,7 +341,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
         first = Claim("job", now - 10, deadline_ms=now + 120_000, backups=1)
         assert a.claim([first], "a") == [Outcome.WON]
         if kind == "redis":
-            server.stop()
+            server.kill()
             during = Claim("job", now - 5, deadline_ms=now + 120_000)
             assert b.claim([during], "b") == [Outcome.AWAY]  # never won while it is gone
             server.start()
@@ -398,7 +358,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
         a.close()
         b.close()
         if kind == "redis":
-            server.stop()
+            server.kill()
 
 
 def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:

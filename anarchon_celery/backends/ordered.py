@@ -1,36 +1,64 @@
 """The decision of the stores that keep a cursor per job (SQLite, PostgreSQL; Redis's script does
-the same in Lua): pure, so that each store only reads the cursors and writes what changed, inside
-its own transaction.
+the same in Lua): pure, so that each store only reads the cursors and the runs' records and writes
+what changed, inside its own transaction.
 
 A claim is decided on the store's clock ``now``: past its deadline, it is not made (UNDECIDED);
-before its slot, it is EARLY (by how much is returned, so a claim a little early can wait); at or
-below its job's cursor, the run was decided already (LOST); otherwise it is WON and the cursor
-moves to its slot. Each job's claims are decided in slot order, whatever order they came in.
+before its slot, it is EARLY (by how much is returned, so a claim a little early can wait); a run
+with a record was decided already (LOST). Otherwise it is WON, and its job's cursor moves up to its
+slot, unless the cursor is past it already: then the run is won only while a record of it, had it
+been won, would surely still be kept (:func:`passed_over_kept`). A run the cursor passed over
+without deciding it (a later run of the job was claimed first: instances claiming the runs due
+during a store outage, once it is back, each in its own order) is thus still won once, and a run
+whose record is gone can never be won again, however late an instance comes.
+
+Each job's claims in one call are decided in slot order, whatever order they came in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .base import Claim, Outcome
 
-__all__ = ["decide"]
+__all__ = ["decide", "passed_over_kept"]
 
 
-def decide(claims: Sequence[Claim], now_ms: int, cursors: dict[str, int | None]) -> list[tuple[Outcome, int]]:
+def passed_over_kept(slot: int, now_ms: int, kept_ms: int) -> bool:
+    """Whether a run at ``slot`` that its job's cursor has passed may still be won at ``now_ms``:
+    during the first half of ``kept_ms`` (``slot_ttl_ms``) after its slot. A record is kept
+    ``kept_ms`` from its win, which comes at its slot or later, so a run won then still has its
+    record, even on a store whose clock stepped back (a failover) by less than the other half."""
+    return now_ms - slot < kept_ms // 2
+
+
+def decide(
+    claims: Sequence[Claim],
+    now_ms: int,
+    cursors: dict[str, int | None],
+    recorded: Collection[tuple[str, int]],
+    kept_ms: int,
+) -> list[tuple[Outcome, int]]:
     """Each claim's outcome, with the milliseconds it is early by (EARLY) or late by past its
     deadline (UNDECIDED), else 0. ``cursors`` (job: latest slot decided, None: none yet) is
-    updated in place with the wins."""
+    updated in place with the wins; ``recorded`` holds the runs ``(job, slot)`` among the claims'
+    that have a record; ``kept_ms`` is how long a record is kept after its win. A WON is a new
+    win: its run had no record."""
     results: list[tuple[Outcome, int]] = [(Outcome.UNDECIDED, 0)] * len(claims)
+    won: set[tuple[str, int]] = set()
     for i in sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot)):
         claim = claims[i]
+        key = (claim.job, claim.slot)
+        cursor = cursors.get(claim.job)
         if claim.deadline_ms is not None and now_ms > claim.deadline_ms:
             results[i] = (Outcome.UNDECIDED, now_ms - claim.deadline_ms)
         elif now_ms < claim.slot:
             results[i] = (Outcome.EARLY, claim.slot - now_ms)
-        elif (cursor := cursors.get(claim.job)) is not None and cursor >= claim.slot:
+        elif key in recorded or key in won:
             results[i] = (Outcome.LOST, 0)
+        elif cursor is not None and cursor >= claim.slot and not passed_over_kept(claim.slot, now_ms, kept_ms):
+            results[i] = (Outcome.LOST, 0)  # its record, if it had one, may be gone
         else:
-            cursors[claim.job] = claim.slot
+            won.add(key)
+            cursors[claim.job] = claim.slot if cursor is None else max(cursor, claim.slot)
             results[i] = (Outcome.WON, 0)
     return results

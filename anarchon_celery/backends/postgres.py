@@ -4,7 +4,7 @@ Each job keeps a cursor (a row of ``anarchon_jobs``), the latest slot decided. A
 jobs' cursor rows in job order (``FOR UPDATE``: instances never deadlock, and each sees the cursor
 the last one committed), decides its claims (:func:`.ordered.decide`) on the server's clock read
 once the locks are held, and writes the wins, so a run decided once is never won again, however
-late an instance comes. A win is
+late an instance comes (see :mod:`.ordered`). A win is
 recorded with its instance: a claim whose commit's answer was lost with the connection is made
 again on a new one, and finds its own win.
 
@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
-from .sql import SqlBackend, _first_line
+from .sql import SqlBackend, _first_line, _Placeholders
 from .store import DEFAULT_LEASE_MS, Answer
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresBackend"]
@@ -221,26 +221,20 @@ class PostgresBackend(SqlBackend):
             # be as long ago as the wait for another instance's lock).
             now = db.execute(_CLOCK).fetchone()[0]
             before = dict(cursors)
-            results = decide(claims, now, cursors)
+            # The runs' records, read (and locked) once their jobs' cursors are: every claim of
+            # these jobs waits for this one.
+            records = self._records(_Placeholders(db, self._sql), [(c.job, c.slot) for c in claims])
+            results = decide(claims, now, cursors, records, self.slot_ttl_ms)
+            won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
             if recover:  # a run this instance already holds was won by the try whose answer was lost
-                held = {
-                    (job, slot)
-                    for job, slot in db.execute(
-                        "SELECT job, slot FROM anarchon_runs WHERE prefix = %s AND holder = %s AND "
-                        "(job, slot) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
-                        (self.prefix, instance, [c.job for c in claims], [c.slot for c in claims]),
-                    ).fetchall()
-                }
                 results = [
-                    (Outcome.WON, 0) if lost and (claim.job, claim.slot) in held else (outcome, amount)
+                    (Outcome.WON, 0)
+                    if outcome is Outcome.LOST
+                    and (record := records.get((claim.job, claim.slot))) is not None
+                    and record.holder == instance
+                    else (outcome, amount)
                     for claim, (outcome, amount) in zip(claims, results)
-                    for lost in [outcome is Outcome.LOST]
                 ]
-            won = [  # the new wins (not those recovered, recorded already)
-                claim
-                for claim, (outcome, _) in zip(claims, results)
-                if outcome is Outcome.WON and _after(claim.slot, before.get(claim.job))
-            ]
             moved = [job for job in jobs if cursors[job] != before[job]]
             if moved:
                 db.execute(
@@ -264,7 +258,7 @@ class PostgresBackend(SqlBackend):
                         [c.deadline_ms for c in won],
                     ),
                 )
-            return self._arm(db, claims, results, now)
+            return self._arm(db, claims, results, now, records)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A notification per run, sent when the transaction commits."""
@@ -360,7 +354,3 @@ def _shown(url: str) -> str:
     if "://" in url:
         return str(maybe_sanitize_url(url))
     return " ".join("password=**" if part.startswith("password=") else part for part in url.split())
-
-
-def _after(slot: int, cursor: int | None) -> bool:
-    return cursor is None or slot > cursor

@@ -1,12 +1,13 @@
 """RedisBackend: runs decided in Redis by one Lua script per batch, on Redis's own clock.
 
-Each job keeps a cursor (``<prefix>cursor.<job>``), the latest slot decided: a claim wins only
-while its slot is past the cursor, which moves to it, all inside one script, so a run decided
-once is never won again, however late an instance comes. The script reads ``TIME``, Redis's
-clock, so an instance whose clock is wrong can neither win a run early nor win it twice. A win
-leaves a record (``<prefix>run.<job>.<slot>``, kept ``slot_ttl_ms``) naming its instance: a claim
-whose answer was lost with its connection is made again on a new one, and the script then knows
-the run was already won by this very instance.
+Each job keeps a cursor (``<prefix>cursor.<job>``), the latest slot decided, and a win leaves a
+record (``<prefix>run.<job>.<slot>``, kept ``slot_ttl_ms``) naming its instance. A claim wins
+while its run has no record and the cursor has not passed it long ago (the rule of
+:mod:`.ordered`), all inside one script, so a run decided once is never won again, however late
+an instance comes. The script reads ``TIME``, Redis's clock, so an instance whose clock is wrong
+can neither win a run early nor win it twice. A claim whose answer was lost with its connection
+is made again on a new one, and the script then knows the run was already won by this very
+instance.
 
 History is a list per job (``<prefix>history.<job>``), trimmed by size; the instances' job
 definitions (see :mod:`.peers`) go through a stream (``<prefix>peers``).
@@ -51,7 +52,7 @@ local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)
 _CLAIM = (
     _TIME
     + """
-local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', tonumber(ARGV[5])
+local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local out = {}
 local i = 6
 while i <= #ARGV do
@@ -65,8 +66,8 @@ while i <= #ARGV do
     out[#out + 1] = 'early:' .. string.format('%d', slot - now)
   else
     local cursor = tonumber(redis.call('GET', cursor_key))
-    if cursor and cursor >= slot then
-      local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
+    local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
+    if run[1] then  -- decided already
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
         out[#out + 1] = 'won'
@@ -78,8 +79,12 @@ while i <= #ARGV do
       else
         out[#out + 1] = 'lost'
       end
+    elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
+      out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
     else
-      redis.call('SET', cursor_key, slot_text)
+      if not cursor or cursor < slot then
+        redis.call('SET', cursor_key, slot_text)
+      end
       redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
                  'deadline_ms', ARGV[i + 2], 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
       redis.call('PEXPIRE', run_key, ttl)

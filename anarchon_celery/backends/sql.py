@@ -106,15 +106,22 @@ class SqlBackend(StoreBackend):
     def _locked_now(self, db: Any) -> int:
         return int(db.execute(self.locked_now_sql or self.now_sql, ()).fetchone()[0])
 
-    def _arm(self, raw: Any, claims: Sequence[Claim], decided: Sequence[tuple[Outcome, int]], now: int) -> list[Answer]:
+    def _arm(
+        self,
+        raw: Any,
+        claims: Sequence[Claim],
+        decided: Sequence[tuple[Outcome, int]],
+        now: int,
+        records: Mapping[tuple[str, int], RunRecord],
+    ) -> list[Answer]:
         """The answers to claims decided in ``raw``'s transaction, the losers of runs still only
-        claimed armed as their backups (while the claims want more)."""
+        claimed armed as their backups (while the claims want more). ``records`` are the runs'
+        records as read (and locked) in the transaction, before its wins."""
         answers = [Answer(outcome, amount) for outcome, amount in decided]
         losers = [i for i, (outcome, _) in enumerate(decided) if outcome is Outcome.LOST and claims[i].backups > 0]
         if not losers:
             return answers
         db = _Placeholders(raw, self._sql)
-        records = self._records(db, [(claims[i].job, claims[i].slot) for i in losers])
         changed = {}
         for i in losers:
             key = (claims[i].job, claims[i].slot)

@@ -2,9 +2,10 @@
 
 Every beat instance (or ``worker -B``) of the host opens the same file. A claim is one
 ``BEGIN IMMEDIATE`` transaction per batch, so the database's write lock orders the claims, and
-each job keeps a cursor: the latest slot decided. A run is won only while its slot is past the
-cursor, which moves to it, so a run decided once is never won again, however late an instance
-comes, and no safety rule binds ``max_late_ms`` to how long the runs are remembered. Times are
+each job keeps a cursor: the latest slot decided. A run is won once: while its record is kept,
+the record says it was decided; after, the cursor does (see :mod:`.ordered`), so a run decided
+once is never won again, however late an instance comes, and no safety rule binds
+``max_late_ms`` to how long the runs are remembered. Times are
 read in the transaction from SQLite's own clock (the host's), never from the instance's, so an
 instance whose clock is wrong can neither win a run early nor win it twice.
 
@@ -257,7 +258,8 @@ class SQLiteBackend(SqlBackend):
                 (self.prefix, *jobs),
             ).fetchall()
             cursors: dict[str, int | None] = dict(found)
-            results = decide(claims, now, cursors)
+            records = self._records(db, [(c.job, c.slot) for c in claims])
+            results = decide(claims, now, cursors, records, self.slot_ttl_ms)
             won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
             db.executemany(
                 "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
@@ -265,14 +267,14 @@ class SQLiteBackend(SqlBackend):
                 [(self.prefix, job, cursors[job]) for job in sorted({claim.job for claim in won})],
             )
             db.executemany(
-                "INSERT OR REPLACE INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
+                "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
                 "deadline_ms, lease_end_ms, backups) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0)",
                 [
                     (self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms, now + self.lease_ms)
                     for claim in won
                 ],
             )
-            return self._arm(db, claims, results, now)
+            return self._arm(db, claims, results, now, records)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A row per run, which the other instances read at their next wake-up (and forgotten an

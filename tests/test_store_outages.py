@@ -1,0 +1,181 @@
+"""Store outages under running `celery beat` processes: the store is killed and started again (or
+stops answering) while three beats run a job every second; every run due over the outage is sent
+once it is back, exactly once. The tasks go to the suite's RabbitMQ, where they are counted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .redis_servers import OwnRedisServer
+from .stores import delete_postgres_rows
+from .test_backup_runners import _tokens
+from .test_faults import Fleet, assert_each_run_once, beat_env  # noqa: F401 - beat_env: a fixture
+
+pytestmark = [pytest.mark.broker, pytest.mark.processes]
+
+#: How long the store is away: longer than the job's period (1 s) several times over, far shorter
+#: than the runs' lateness allowed.
+OUTAGE_S = 4.0
+MAX_LATE_MS = 30_000
+#: Longer than the outage: a run won just before it is marked sent once the store is back, before
+#: its backups could take it over (a takeover would send it again, with a new token, legitimately).
+LEASE_MS = 12_000
+
+
+def _beat_envs(base: dict[str, str], store: str) -> list[dict[str, str]]:
+    env = dict(
+        base,
+        HISTORY_APP_BACKEND=store,
+        HISTORY_APP_EVERY="1",
+        HISTORY_APP_MAX_LATE_MS=str(MAX_LATE_MS),
+        HISTORY_APP_LEASE_MS=str(LEASE_MS),
+        HISTORY_APP_SLOT_TTL_MS="120000",
+        # Each instance claims each run at another moment, as a fleet's hosts do.
+        HISTORY_APP_JITTER_MS="800",
+    )
+    return [env] * 3
+
+
+def _run_through_an_outage(
+    tmp_path: Path, envs: list[dict[str, str]], away: Iterator[None], broker_url: str, prefix: str
+) -> None:
+    """Start the beats, let runs be sent, play the outage (``away``'s first step takes the store
+    away, its end brings it back), let runs be sent again, stop: every run sent exactly once."""
+    fleet = Fleet(tmp_path, envs)
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent", fleet.offsets())
+        time.sleep(2)
+        before = fleet.offsets()
+        next(away)  # the store is away
+        time.sleep(OUTAGE_S)
+        for _ in away:  # and back
+            pass
+        fleet.wait_any("is back after", before, timeout=60)
+        # Runs due after the outage are sent too (the ones due meanwhile are claimed on the way).
+        time.sleep(6)
+        fleet.stop()
+    finally:
+        fleet.kill()
+    tokens = _tokens(broker_url, prefix)
+    assert all(sent == [1] for sent in tokens.values()), {s: t for s, t in tokens.items() if t != [1]}
+    assert_each_run_once(list(tokens))
+    text = "".join(fleet.text(i) for i in range(len(envs)))
+    assert "Traceback" not in text
+    assert "not run by this instance" not in text  # no run was given up
+
+
+@pytest.mark.timeout(180)
+def test_runs_due_while_redis_is_killed_and_restarted_are_each_sent_once(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    server = OwnRedisServer(tmp_path / "redis")
+    try:
+
+        def away() -> Iterator[None]:
+            server.kill()
+            yield
+            server.start()
+
+        _run_through_an_outage(tmp_path, _beat_envs(beat_env, server.url), away(), broker_url, prefix)
+    finally:
+        server.kill()
+
+
+def _pg_ctl(action: str, *options: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action, *options],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _wait_for_postgres() -> None:
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
+        assert time.monotonic() < deadline, "PostgreSQL did not come back"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    postgres_url: str,
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    if shutil.which("pg_ctlcluster") is None or os.environ.get("ANARCHON_TEST_POSTGRES"):
+        pytest.skip("the PostgreSQL of the tests is not this machine's cluster: not ours to stop")
+
+    def away() -> Iterator[None]:
+        _pg_ctl("stop", "-m", "immediate")  # as a crash: no goodbye to the clients
+        try:
+            yield
+        finally:
+            _pg_ctl("start")
+            _wait_for_postgres()
+
+    try:
+        _run_through_an_outage(tmp_path, _beat_envs(beat_env, postgres_url), away(), broker_url, prefix)
+    finally:
+        if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
+            _pg_ctl("start")
+            _wait_for_postgres()
+        delete_postgres_rows(postgres_url, prefix)
+
+
+@pytest.mark.timeout(180)
+def test_runs_due_while_sqlite_is_locked_are_each_sent_once(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Another process holds the database's write lock longer than a beat waits for it (5 s for
+    the announcements it reads, then 5 s for the claims)."""
+    path = tmp_path / "anarchon.db"
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("BEGIN EXCLUSIVE")
+            held.set()
+            release.wait(60)
+            db.execute("ROLLBACK")
+        finally:
+            db.close()
+
+    def away() -> Iterator[None]:
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(30), "the write lock was not taken"
+        time.sleep(10)  # with OUTAGE_S: longer than a beat's waits for the lock
+        try:
+            yield
+        finally:
+            release.set()
+            holder.join()
+
+    _run_through_an_outage(tmp_path, _beat_envs(beat_env, f"sqlite:///{path}"), away(), broker_url, prefix)
+
+
+if os.name != "posix":  # pragma: no cover
+    pytestmark.append(pytest.mark.skip(reason="signals and process groups as on Linux"))
