@@ -64,7 +64,7 @@ class OwnRedisServer:
                 )
             return ["redis-server", str(config), "--sentinel"]
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--repl-diskless-sync-delay", "0"]
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         return args
@@ -81,3 +81,80 @@ class OwnRedisServer:
             self.proc.wait()
         self.proc = None
         wait_until(self.port, False)
+
+
+class SentinelGroup:
+    """A master (persisted at every write), two replicas and three sentinels (quorum 2) watching
+    it as ``main``: a failover of the master to a replica takes about 2 s, and the other replica
+    follows the new master."""
+
+    MASTER = "main"
+
+    def __init__(self, folder: Path) -> None:
+        self.servers: list[OwnRedisServer] = []
+        self.sentinels: list[OwnRedisServer] = []
+        try:
+            master = OwnRedisServer(folder / "master")
+            self.servers.append(master)
+            for n in range(2):
+                self.servers.append(OwnRedisServer(folder / f"replica-{n}", replica_of=master.port))
+            for n in range(3):
+                self.sentinels.append(OwnRedisServer(folder / f"sentinel-{n}", sentinel_of=master.port))
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def url(self, query: str = "") -> str:
+        """The ``sentinel://`` URL of the group's master, database 0."""
+        chunks = ";".join(f"sentinel://127.0.0.1:{s.port}/0" for s in self.sentinels)
+        return f"{chunks}?master_name={self.MASTER}" + (f"&{query}" if query else "")
+
+    def _ask(self, sentinel: OwnRedisServer, *command: str) -> object:
+        import redis
+
+        client = redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def master_port(self) -> int:
+        """The master's port, as the first sentinel sees it."""
+        _, port = self._ask(self.sentinels[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER)  # type: ignore[misc]
+        return int(port)
+
+    def server_on(self, port: int) -> OwnRedisServer:
+        return next(server for server in self.servers if server.port == port)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until every sentinel knows the two others and a replica in sync with the master."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ready = all(
+                    len(self._ask(s, "SENTINEL", "SENTINELS", self.MASTER)) == 2  # type: ignore[arg-type]
+                    and any(
+                        replica.get("master-link-status") == "ok"  # type: ignore[union-attr]
+                        for replica in self._ask(s, "SENTINEL", "REPLICAS", self.MASTER)  # type: ignore[union-attr]
+                    )
+                    for s in self.sentinels
+                )
+            except Exception:  # noqa: BLE001 - not up yet
+                ready = False
+            if ready:
+                return
+            assert time.monotonic() < deadline, "the sentinels did not all see each other and the replica"
+            time.sleep(0.2)
+
+    def wait_failover(self, old_port: int, timeout: float = 60) -> int:
+        """Until the sentinels name another master than ``old_port``; returns its port."""
+        deadline = time.monotonic() + timeout
+        while (port := self.master_port()) == old_port:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        return port
+
+    def kill(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.kill()

@@ -120,8 +120,8 @@ def test_an_evicting_redis_is_warned_of(redis_url: str, redis_prefix: str, caplo
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"url": "amqp://localhost"}, "needs a redis:// or rediss:// URL"),
-        ({"url": None}, "needs a redis:// or rediss:// URL"),
+        ({"url": "amqp://localhost"}, "needs a redis://, rediss:// or sentinel:// URL"),
+        ({"url": None}, "needs a redis://, rediss:// or sentinel:// URL"),
         ({"client": object()}, "client must be a redis.Redis"),
         ({"timeout": 0}, "timeout must be a positive number"),
         ({"prefix": "bad prefix"}, "invalid prefix"),

@@ -11,6 +11,7 @@ from .memory import MemoryBackend
 from .postgres import POSTGRES_SCHEMES, PostgresBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
 from .redis import REDIS_SCHEMES, RedisBackend
+from .redis_client import SENTINEL_SCHEME
 from .sqlite import SQLiteBackend
 
 __all__ = [
@@ -47,7 +48,7 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             transport = connection.transport_cls
             if transport in REDIS_SCHEMES:
                 return RedisBackend.from_url(
-                    connection.as_uri(include_password=True),
+                    _redis_url_of(connection),
                     prefix=settings.prefix,
                     slot_ttl_ms=settings.slot_ttl_ms,
                     lease_ms=settings.lease_ms,
@@ -84,7 +85,7 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
             )
         raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis:// or postgresql:// URL, "
+            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis://, sentinel:// or postgresql:// URL, "
             "sqlite:///file.db (the instances of one host), memory:// (one process, for tests) or a Backend instance"
         )
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
@@ -94,3 +95,16 @@ def backend_for(app: Any, settings: Settings) -> Backend:
     raise ConfigError(
         f"anarchon_backend must be a URL, a list of a cluster's URLs or a Backend instance, not {type(chosen).__name__}"
     )
+
+
+def _redis_url_of(connection: Any) -> str:
+    """The URL of the app's Redis broker for the Redis backend: with Sentinel, every sentinel of
+    the broker's URL, and the master's name from ``broker_transport_options``."""
+    if connection.transport_cls != SENTINEL_SCHEME:
+        return str(connection.as_uri(include_password=True))
+    hosts = connection.alt or [connection.as_uri(include_password=True)]
+    url = ";".join(hosts)
+    master = connection.transport_options.get("master_name")
+    if master and "master_name=" not in url:
+        url += f"{'&' if '?' in url else '?'}master_name={master}"
+    return url

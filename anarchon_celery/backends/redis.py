@@ -27,162 +27,16 @@ from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
+from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, split_options
+from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, START, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
-__all__ = ["REDIS_SCHEMES", "RedisBackend"]
+__all__ = ["REDIS_SCHEMES", "NotReplicated", "RedisBackend"]
 
 logger = logging.getLogger(__name__)
 
-REDIS_SCHEMES = ("redis", "rediss")
 #: Announcements of job definitions kept in the stream (a few per instance start).
 PEERS_KEPT = 1_000
-
-# The store's clock, in the scripts: TIME, as epoch milliseconds (number and text).
-_TIME = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-"""
-
-# KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
-# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
-# counts as won: the answer of an earlier try was lost), lease_ms, then job, slot, deadline (-1:
-# none) and backups wanted for each claim. Returns, per claim: "won", "lost", "undecided:<ms>",
-# "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a backup).
-_CLAIM = (
-    _TIME
-    + """
-local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
-local out = {}
-local i = 6
-while i <= #ARGV do
-  local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local slot = tonumber(slot_text)
-  local cursor_key = prefix .. 'cursor.' .. job
-  local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
-  if deadline >= 0 and now > deadline then
-    out[#out + 1] = 'undecided:' .. string.format('%d', now - deadline)
-  elseif now < slot then
-    out[#out + 1] = 'early:' .. string.format('%d', slot - now)
-  else
-    local cursor = tonumber(redis.call('GET', cursor_key))
-    local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
-    if run[1] then  -- decided already
-      local run_deadline = tonumber(run[5])
-      if recover and run[1] == instance then
-        out[#out + 1] = 'won'
-      elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted and (tonumber(run[4]) or 0) > 0
-          and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
-        local rank = redis.call('HINCRBY', run_key, 'backups', 1)
-        local left = math.max(0, (tonumber(run[4]) or 0) - now)
-        out[#out + 1] = 'backup:' .. string.format('%d', left) .. ':' .. rank
-      else
-        out[#out + 1] = 'lost'
-      end
-    elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
-      out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
-    else
-      if not cursor or cursor < slot then
-        redis.call('SET', cursor_key, slot_text)
-      end
-      redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
-                 'deadline_ms', ARGV[i + 2], 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
-      redis.call('PEXPIRE', run_key, ttl)
-      out[#out + 1] = 'won'
-    end
-  end
-  i = i + 4
-end
-return out
-"""
-)
-
-# ARGV: prefix, instance, lease_ms, then job and slot for each run. Per run: "won:<token>",
-# "held:<ms left>", "done:0" or "late:<ms>" (see leases.take_over).
-_TAKE_OVER = (
-    _TIME
-    + """
-local prefix, instance, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out = {}
-for i = 4, #ARGV, 2 do
-  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
-  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms', 'deadline_ms')
-  local deadline = tonumber(run[5])
-  if run[3] ~= 'claimed' or (tonumber(run[4]) or 0) == 0 then  -- (0: won before leases, no token sent)
-    out[#out + 1] = 'done:0'
-  elseif deadline and deadline >= 0 and now > deadline then
-    out[#out + 1] = 'late:' .. string.format('%d', now - deadline)
-  elseif now < (tonumber(run[4]) or 0) then
-    if run[1] == instance then
-      out[#out + 1] = 'won:' .. run[2]
-    else
-      out[#out + 1] = 'held:' .. string.format('%d', tonumber(run[4]) - now)
-    end
-  else
-    local token = redis.call('HINCRBY', run_key, 'token', 1)
-    redis.call('HSET', run_key, 'holder', instance, 'lease_end_ms', string.format('%d', now + lease))
-    out[#out + 1] = 'won:' .. token
-  end
-end
-return out
-"""
-)
-
-# ARGV: prefix, then job, slot and token for each run. Per run: 1 (marked sent) or 0.
-_MARK_SENT = """
-local prefix = ARGV[1]
-local out = {}
-for i = 2, #ARGV, 3 do
-  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
-  local run = redis.call('HMGET', run_key, 'token', 'state')
-  if run[1] ~= ARGV[i + 2] then
-    out[#out + 1] = 0
-  else
-    if run[2] == 'claimed' then
-      redis.call('HSET', run_key, 'state', 'sent')
-    end
-    out[#out + 1] = 1
-  end
-end
-return out
-"""
-
-# ARGV: prefix, job, slot, token, redelivered (1 or 0). Returns "unknown", "yes" or "no".
-_START = """
-local run_key = ARGV[1] .. 'run.' .. ARGV[2] .. '.' .. ARGV[3]
-local run = redis.call('HMGET', run_key, 'token', 'state')
-if not run[1] then
-  return 'unknown'
-elseif run[1] ~= ARGV[4] then
-  return 'no'
-elseif run[2] == 'started' then
-  if ARGV[5] == '1' then return 'yes' else return 'no' end
-end
-redis.call('HSET', run_key, 'state', 'started')
-return 'yes'
-"""
-
-# ARGV: prefix, instance, then job, slot and token for each run. Each run given back is published
-# on <prefix>handback as "<job> <slot>"; returns how many were given back.
-_HAND_BACK = (
-    _TIME
-    + """
-local prefix, instance = ARGV[1], ARGV[2]
-local given = 0
-for i = 3, #ARGV, 3 do
-  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
-  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms')
-  if run[1] == instance and run[2] == ARGV[i + 2] and run[3] == 'claimed' then
-    if (tonumber(run[4]) or 0) > now then
-      redis.call('HSET', run_key, 'lease_end_ms', string.format('%d', now))
-    end
-    redis.call('PUBLISH', prefix .. 'handback', ARGV[i] .. ' ' .. ARGV[i + 1])
-    given = given + 1
-  end
-end
-return given
-"""
-)
 
 
 def _redis() -> Any:
@@ -193,21 +47,36 @@ def _redis() -> Any:
     return redis
 
 
+class NotReplicated(Exception):
+    """Fewer replicas than ``wait_replicas`` acknowledged a decision within ``wait_timeout_ms``:
+    the decision may be lost in a failover, so its answer counts as lost (asked again)."""
+
+
 class RedisBackend(StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
-        url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS).
-        client: your own ``redis.Redis``; you keep ownership, it is never closed here. Give it a
-            ``socket_timeout``, or a Redis that stops answering can hold a claim up, and no
-            retries (``retry=Retry(NoBackoff(), 0)``): redis-py sending a claim again by itself
-            after its answer was lost makes the run lost rather than won.
+        url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS), or the master behind
+            Redis Sentinel: ``sentinel://[:password@]host:port/db;sentinel://host:port/db?master_name=NAME``
+            (see :mod:`.redis_client`). ``?wait_replicas=N&wait_timeout_ms=T`` in the URL set the
+            two arguments below.
+        client: your own ``redis.Redis`` (or ``Sentinel(...).master_for(...)``); you keep
+            ownership, it is never closed here. Give it a ``socket_timeout``, or a Redis that
+            stops answering can hold a claim up, and no retries (``retry=Retry(NoBackoff(), 0)``):
+            redis-py sending a claim again by itself after its answer was lost makes the run lost
+            rather than won.
         prefix: prefix of every key.
         slot_ttl_ms: how long the record of a run won is kept. Runs are never decided twice
             whatever it is: each job's cursor says so.
         timeout: seconds any answer of Redis is awaited (connect and read).
         lease_ms: how long a winner holds its run before the run's backups may take it over
             (see :mod:`.leases`).
+        wait_replicas: a win (or a takeover) counts only once this many replicas have it
+            (``WAIT``), so that a failover to a replica cannot forget it and let the run be won
+            again. 0 (the default): not waited for. A win not acknowledged within
+            ``wait_timeout_ms`` is asked again (found won, or won again on the new master) until
+            the run's deadline: with fewer replicas up than this, no run is sent.
+        wait_timeout_ms: how long a decision waits for its replicas.
     """
 
     clock_name = "Redis's clock"
@@ -221,39 +90,35 @@ class RedisBackend(StoreBackend):
         slot_ttl_ms: int = 300_000,
         timeout: float = 5.0,
         lease_ms: int = DEFAULT_LEASE_MS,
+        wait_replicas: int | None = None,
+        wait_timeout_ms: int | None = None,
     ) -> None:
         super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         redis = _redis()
+        self._sentinel: Any = None
+        options: dict[str, int] = {}
         if client is None:
             if not isinstance(url, str) or url.split("://", 1)[0] not in REDIS_SCHEMES:
-                raise ConfigError(f"RedisBackend needs a redis:// or rediss:// URL, not {url!r}")
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            # No retry of ours behind our back: a claim's script sent again after its answer was
-            # lost would find its own win and call it lost. claim() tries again itself, knowingly.
-            client = redis.Redis.from_url(
-                url,
-                socket_timeout=self.timeout,
-                socket_connect_timeout=self.timeout,
-                retry=Retry(NoBackoff(), 0),
-                decode_responses=False,
-            )
+                raise ConfigError(f"RedisBackend needs a redis://, rediss:// or sentinel:// URL, not {url!r}")
+            url, options = split_options(url)
+            client, self._sentinel = make_client(redis, url, self.timeout)
             self.owned = True
         elif not isinstance(client, redis.Redis):
             raise ConfigError(f"client must be a redis.Redis, not {type(client).__name__}")
         else:
             self.owned = False
+        self.wait_replicas = _count("wait_replicas", wait_replicas, options)
+        self.wait_timeout_ms = _count("wait_timeout_ms", wait_timeout_ms, options)
         self.client = client
         self._errors: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._refused = redis.ResponseError
-        self.answer_lost_errors = self._errors
+        self.answer_lost_errors = (*self._errors, NotReplicated)
         self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
-        self._claim_script = client.register_script(_CLAIM)
-        self._take_over_script = client.register_script(_TAKE_OVER)
-        self._mark_sent_script = client.register_script(_MARK_SENT)
-        self._start_script = client.register_script(_START)
-        self._hand_back_script = client.register_script(_HAND_BACK)
+        self._claim_script = client.register_script(CLAIM)
+        self._take_over_script = client.register_script(TAKE_OVER)
+        self._mark_sent_script = client.register_script(MARK_SENT)
+        self._start_script = client.register_script(START)
+        self._hand_back_script = client.register_script(HAND_BACK)
         self._peers: Peers | None = None
         self._pubsub: Any = None  # subscribed to the leases handed back
         self._heard = "$"
@@ -283,7 +148,25 @@ class RedisBackend(StoreBackend):
             raise ConfigError(f"{self.describe()} is Redis {found}: anarchon_celery needs Redis 5 or newer")
         self._version_text = str(info.get("redis_version"))
         self._warn_about_eviction()
+        self._check_replicas()
         self._checked = True
+
+    def _check_replicas(self) -> None:
+        """With ``wait_replicas``: say when fewer replicas are connected, since no run is won then."""
+        if not self.wait_replicas:
+            return
+        try:
+            connected = int(self.client.info("replication").get("connected_slaves", 0))
+        except (self._refused, *self._errors):
+            return
+        if connected < self.wait_replicas:
+            logger.error(
+                "anarchon: %s has %d replica(s) connected, fewer than wait_replicas (%d): no run is won "
+                "until enough are (each is asked again until its deadline)",
+                self.describe(),
+                connected,
+                self.wait_replicas,
+            )
 
     def _warn_about_eviction(self) -> None:
         """An evicted cursor could let a late claim win its run again: say so when it can happen."""
@@ -304,13 +187,16 @@ class RedisBackend(StoreBackend):
     # -- claims ---------------------------------------------------------------------------------
 
     def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
-        """One script for the batch (see ``_CLAIM``)."""
+        """One script for the batch (see :data:`.redis_scripts.CLAIM`)."""
         args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0", self.lease_ms]
         for claim in claims:
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups)]
+        answers = self._claim_script(args=args)
+        if b"won" in answers:
+            self._replicated("claims")
         results = []
-        for answer in self._claim_script(args=args):
+        for answer in answers:
             outcome, *amounts = answer.decode().split(":")
             if outcome == "backup":
                 results.append(Answer(Outcome.LOST, int(amounts[0]), int(amounts[1])))
@@ -326,7 +212,21 @@ class RedisBackend(StoreBackend):
         for answer in self._take_over_script(args=args):
             kind, _, value = answer.decode().partition(":")
             answers.append((kind, int(value)))
+        if any(kind == "won" for kind, _ in answers):
+            self._replicated("takeovers")
         return answers
+
+    def _replicated(self, what: str) -> None:
+        """With ``wait_replicas``: wait until that many replicas have the decisions just made on
+        this connection, or raise NotReplicated."""
+        if not self.wait_replicas:
+            return
+        acknowledged = int(self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
+        if acknowledged < self.wait_replicas:
+            raise NotReplicated(
+                f"{what} acknowledged by {acknowledged} replica(s) of the {self.wait_replicas} wanted "
+                f"(wait_replicas) within {self.wait_timeout_ms} ms"
+            )
 
     def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
         args: list[Any] = [self.prefix]
@@ -478,11 +378,7 @@ class RedisBackend(StoreBackend):
         return f"Redis {self._version_text}"
 
     def describe(self) -> str:
-        pool = self.client.connection_pool
-        kwargs = pool.connection_kwargs
-        where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}"
-        scheme = "rediss" if "SSL" in getattr(pool.connection_class, "__name__", "") else "redis"
-        return f"Redis at {scheme}://{where}/{kwargs.get('db', 0)} (prefix {self.prefix!r})"
+        return f"{describe_client(self.client)} (prefix {self.prefix!r})"
 
     def close(self) -> None:
         if self._pubsub is not None:
@@ -491,3 +387,16 @@ class RedisBackend(StoreBackend):
             self._pubsub = None
         if self.owned:
             self.client.close()
+            if self._sentinel is not None:
+                self._sentinel.close()
+
+
+def _count(name: str, given: int | None, options: dict[str, int]) -> int:
+    """The value of ``wait_replicas`` or ``wait_timeout_ms``: the argument, else the URL's, else
+    the default; an integer >= 0."""
+    if given is not None and name in options and options[name] != given:
+        raise ConfigError(f"{name} is {given!r} but the Redis URL says {options[name]!r}: give it once")
+    value = given if given is not None else options.get(name, OPTIONS[name])
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, not {value!r}")
+    return value

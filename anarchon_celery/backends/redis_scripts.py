@@ -1,0 +1,155 @@
+"""The Lua scripts of the Redis backend: each decides, or changes, a batch of runs in one atomic
+step on Redis's own clock (``TIME``). Run records are hashes ``<prefix>run.<job>.<slot>``; each
+job's cursor is ``<prefix>cursor.<job>``. The rules are those of :mod:`.ordered` (claims) and
+:mod:`.leases` (takeovers, marks, starts, hand-backs), which the SQL stores run in Python."""
+
+from __future__ import annotations
+
+__all__ = ["CLAIM", "HAND_BACK", "MARK_SENT", "START", "TAKE_OVER"]
+
+# The store's clock, in the scripts: TIME, as epoch milliseconds (number and text).
+TIME = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+"""
+
+# KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
+# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
+# counts as won: the answer of an earlier try was lost), lease_ms, then job, slot, deadline (-1:
+# none) and backups wanted for each claim. Returns, per claim: "won", "lost", "undecided:<ms>",
+# "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a backup).
+CLAIM = (
+    TIME
+    + """
+local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local out = {}
+local i = 6
+while i <= #ARGV do
+  local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local slot = tonumber(slot_text)
+  local cursor_key = prefix .. 'cursor.' .. job
+  local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
+  if deadline >= 0 and now > deadline then
+    out[#out + 1] = 'undecided:' .. string.format('%d', now - deadline)
+  elseif now < slot then
+    out[#out + 1] = 'early:' .. string.format('%d', slot - now)
+  else
+    local cursor = tonumber(redis.call('GET', cursor_key))
+    local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
+    if run[1] then  -- decided already
+      local run_deadline = tonumber(run[5])
+      if recover and run[1] == instance then
+        out[#out + 1] = 'won'
+      elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted and (tonumber(run[4]) or 0) > 0
+          and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
+        local rank = redis.call('HINCRBY', run_key, 'backups', 1)
+        local left = math.max(0, (tonumber(run[4]) or 0) - now)
+        out[#out + 1] = 'backup:' .. string.format('%d', left) .. ':' .. rank
+      else
+        out[#out + 1] = 'lost'
+      end
+    elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
+      out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
+    else
+      if not cursor or cursor < slot then
+        redis.call('SET', cursor_key, slot_text)
+      end
+      redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
+                 'deadline_ms', ARGV[i + 2], 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
+      redis.call('PEXPIRE', run_key, ttl)
+      out[#out + 1] = 'won'
+    end
+  end
+  i = i + 4
+end
+return out
+"""
+)
+
+# ARGV: prefix, instance, lease_ms, then job and slot for each run. Per run: "won:<token>",
+# "held:<ms left>", "done:0" or "late:<ms>" (see leases.take_over).
+TAKE_OVER = (
+    TIME
+    + """
+local prefix, instance, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+for i = 4, #ARGV, 2 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms', 'deadline_ms')
+  local deadline = tonumber(run[5])
+  if run[3] ~= 'claimed' or (tonumber(run[4]) or 0) == 0 then  -- (0: won before leases, no token sent)
+    out[#out + 1] = 'done:0'
+  elseif deadline and deadline >= 0 and now > deadline then
+    out[#out + 1] = 'late:' .. string.format('%d', now - deadline)
+  elseif now < (tonumber(run[4]) or 0) then
+    if run[1] == instance then
+      out[#out + 1] = 'won:' .. run[2]
+    else
+      out[#out + 1] = 'held:' .. string.format('%d', tonumber(run[4]) - now)
+    end
+  else
+    local token = redis.call('HINCRBY', run_key, 'token', 1)
+    redis.call('HSET', run_key, 'holder', instance, 'lease_end_ms', string.format('%d', now + lease))
+    out[#out + 1] = 'won:' .. token
+  end
+end
+return out
+"""
+)
+
+# ARGV: prefix, then job, slot and token for each run. Per run: 1 (marked sent) or 0.
+MARK_SENT = """
+local prefix = ARGV[1]
+local out = {}
+for i = 2, #ARGV, 3 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'token', 'state')
+  if run[1] ~= ARGV[i + 2] then
+    out[#out + 1] = 0
+  else
+    if run[2] == 'claimed' then
+      redis.call('HSET', run_key, 'state', 'sent')
+    end
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
+# ARGV: prefix, job, slot, token, redelivered (1 or 0). Returns "unknown", "yes" or "no".
+START = """
+local run_key = ARGV[1] .. 'run.' .. ARGV[2] .. '.' .. ARGV[3]
+local run = redis.call('HMGET', run_key, 'token', 'state')
+if not run[1] then
+  return 'unknown'
+elseif run[1] ~= ARGV[4] then
+  return 'no'
+elseif run[2] == 'started' then
+  if ARGV[5] == '1' then return 'yes' else return 'no' end
+end
+redis.call('HSET', run_key, 'state', 'started')
+return 'yes'
+"""
+
+# ARGV: prefix, instance, then job, slot and token for each run. Each run given back is published
+# on <prefix>handback as "<job> <slot>"; returns how many were given back.
+HAND_BACK = (
+    TIME
+    + """
+local prefix, instance = ARGV[1], ARGV[2]
+local given = 0
+for i = 3, #ARGV, 3 do
+  local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
+  local run = redis.call('HMGET', run_key, 'holder', 'token', 'state', 'lease_end_ms')
+  if run[1] == instance and run[2] == ARGV[i + 2] and run[3] == 'claimed' then
+    if (tonumber(run[4]) or 0) > now then
+      redis.call('HSET', run_key, 'lease_end_ms', string.format('%d', now))
+    end
+    redis.call('PUBLISH', prefix .. 'handback', ARGV[i] .. ' ' .. ARGV[i + 1])
+    given = given + 1
+  end
+end
+return given
+"""
+)
