@@ -8,6 +8,7 @@ run in the backend; only the winner sends the task. No local state file is kept.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import random
 import signal
@@ -399,7 +400,7 @@ class Scheduler(beat.Scheduler):
             late = now - planned
             if late > job.max_late_ms:
                 logger.log(
-                    self._skip_level(item.slot, item.slot + 1),
+                    self._skip_level(job.name, item.slot, item.slot + 1),
                     "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
                     job.name,
                     item.slot,
@@ -545,7 +546,7 @@ class Scheduler(beat.Scheduler):
         if again > deadline:
             level = logging.WARNING
             if away and backend is not None and backend.in_outage():
-                backend.missed(1)  # told with the others when the outage ends
+                backend.missed(claim.job, [claim.slot])  # told with the others when the outage ends
                 level = logging.DEBUG
             logger.log(
                 level,
@@ -563,17 +564,17 @@ class Scheduler(beat.Scheduler):
         )
         heapq.heappush(self._queue, _Due(again, claim.slot, claim.job, planned))
 
-    def _skip_level(self, first: int, end: int, schedule: Schedule | None = None) -> int:
-        """The log level of runs skipped as too late (the slots in ``[first, end)`` of ``schedule``,
-        or the one at ``first``): debug during an outage, which the backend reports with the runs
-        missed (these counted in) when it ends."""
+    def _skip_level(self, job: str, first: int, end: int, schedule: Schedule | None = None) -> int:
+        """The log level of runs of ``job`` skipped as too late (the slots in ``[first, end)`` of
+        ``schedule``, or the one at ``first``): debug during an outage, which the backend reports
+        with the runs missed (these named in) when it ends."""
         backend = self.backend
         if backend is None or not backend.in_outage():
             return logging.WARNING
         if schedule is None:
-            backend.missed(1)
+            backend.missed(job, [first])
         else:
-            backend.missed(sum(1 for _, _ in zip(range(10_000), schedule.slots(first, end))))  # cheap: a cap
+            backend.missed(job, list(itertools.islice(schedule.slots(first, end), 10_000)))  # cheap: a cap
         return logging.DEBUG
 
     def _schedule_after(self, job: Job, slot: int, now: int, known: dict[tuple[Schedule, int], int]) -> None:
@@ -585,7 +586,7 @@ class Scheduler(beat.Scheduler):
         if following + job.max_late_ms < now:
             resume = job.next_slot(now - job.max_late_ms - 1)
             logger.log(
-                self._skip_level(following, resume, job.schedule),
+                self._skip_level(job.name, following, resume, job.schedule),
                 "anarchon: job %r: runs from slot %d up to slot %d are more than max_late_ms "
                 "(%d) late; skipped, runs are not caught up",
                 job.name,

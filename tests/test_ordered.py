@@ -129,3 +129,18 @@ def test_every_run_claimed_within_half_the_records_life_is_won_once_whatever_the
             wins += 1
             recorded.add(("job", slot * 10))
     assert wins == len(set(order))
+
+
+def test_the_runs_missed_in_an_outage_are_counted_and_the_first_named() -> None:
+    from anarchon_celery.backends.base import MissedRuns
+
+    missed = MissedRuns()
+    assert str(missed) == "0 run(s) were not claimed meanwhile"
+    missed.add("a", [1, 2])
+    missed.add("b", [5])
+    assert str(missed) == (
+        "3 run(s) were not claimed meanwhile (their deadline passed): job 'a' slots 1, 2; job 'b' slot 5"
+    )
+    missed.add("c", list(range(100)))
+    assert missed.count == 103
+    assert str(missed).endswith("job 'c' slots 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 83 more")

@@ -68,7 +68,7 @@ def test_redis_gone_leaves_runs_away_and_says_when_it_is_back(
     assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.AWAY] * 2
     assert backend.in_outage()
     assert backend.mark_sent([("job", 0, 1)], "a") == [None]  # not told: the caller tells it again
-    backend.missed(1)
+    backend.missed("job", [3])
     back = Proxy(proxy.target, port=proxy.port)
     try:
         assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]  # never decided: still free
@@ -76,7 +76,10 @@ def test_redis_gone_leaves_runs_away_and_says_when_it_is_back(
         back.close()
     assert not backend.in_outage()
     assert caplog.text.count("cannot decide claims") == 1
-    assert "is back after" in caplog.text and "1 run(s) were not claimed meanwhile" in caplog.text
+    assert (
+        "is back after" in caplog.text
+        and "1 run(s) were not claimed meanwhile (their deadline passed): job 'job' slot 3" in caplog.text
+    )
     backend.close()
 
 

@@ -127,3 +127,45 @@ def test_a_sentinel_failover_under_running_beats_loses_and_doubles_no_run(
     text = "".join(fleet.text(i) for i in range(3))
     assert "through Sentinel" in text and "Traceback" not in text
     assert "not run by this instance" not in text
+
+
+def test_a_win_no_replica_acknowledged_is_not_counted_until_one_does(tmp_path: Path) -> None:
+    """wait_replicas=1 on a master without a replica: the win is made, but not counted (AWAY, made
+    again until its deadline); once a replica has it, the same claim finds it won."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    from anarchon_celery import Claim, Outcome, clock
+
+    from .redis_servers import OwnRedisServer
+
+    master = OwnRedisServer(tmp_path / "master")
+    replica = None
+    a = RedisBackend(f"{master.url}?wait_replicas=1&wait_timeout_ms=100", prefix="w.")
+    b = RedisBackend(master.url, prefix="w.")
+    try:
+        a.open()
+        run = Claim("job", clock.now_ms() - 10, deadline_ms=clock.now_ms() + 60_000)
+        assert a.claim([run], "a") == [Outcome.AWAY]
+        assert b.claim([run], "b") == [Outcome.LOST]  # decided all the same: by a, on the master
+        replica = OwnRedisServer(tmp_path / "replica", replica_of=master.port)
+        deadline = time.monotonic() + 30
+        while int(master_info(master.url)["connected_slaves"]) < 1:
+            assert time.monotonic() < deadline, "the replica did not connect"
+            time.sleep(0.1)
+        assert a.claim([run], "a") == [Outcome.WON]  # its win, now on a replica too
+    finally:
+        a.close()
+        b.close()
+        if replica is not None:
+            replica.kill()
+        master.kill()
+
+
+def master_info(url: str) -> dict[str, Any]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return dict(client.info("replication"))
+    finally:
+        client.close()

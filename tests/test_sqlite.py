@@ -71,14 +71,17 @@ def test_a_locked_database_leaves_runs_away_and_says_when_it_is_back(
         # Away: the scheduler claims them again until their deadline; nothing was decided.
         assert backend.claim([Claim("job", 1), Claim("job", 2)], "a") == [Outcome.AWAY] * 2
         assert backend.in_outage()
-        backend.missed(3)  # runs the scheduler gave up meanwhile
+        backend.missed("job", [7, 8, 9])  # runs the scheduler gave up meanwhile
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     assert backend.claim([Claim("job", 1)], "a") == [Outcome.WON]
     assert not backend.in_outage()
     assert "cannot decide claims (OperationalError: database is locked)" in caplog.text
-    assert "is back after" in caplog.text and "3 run(s) were not claimed meanwhile" in caplog.text
+    assert (
+        "is back after" in caplog.text
+        and "3 run(s) were not claimed meanwhile (their deadline passed): job 'job' slots 7, 8, 9" in caplog.text
+    )
     backend.close()
 
 

@@ -5,6 +5,7 @@ once it is back, exactly once. The tasks go to the suite's RabbitMQ, where they 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -179,3 +180,44 @@ def test_runs_due_while_sqlite_is_locked_are_each_sent_once(
 
 if os.name != "posix":  # pragma: no cover
     pytestmark.append(pytest.mark.skip(reason="signals and process groups as on Linux"))
+
+
+@pytest.mark.timeout(180)
+def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Redis away for longer than the runs' lateness (3 s): the runs whose deadline passed are not
+    sent, and the line that says Redis is back names each of them, by job and slot."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    server = OwnRedisServer(tmp_path / "redis")
+    envs = [
+        dict(env, HISTORY_APP_MAX_LATE_MS="3000", HISTORY_APP_LEASE_MS="1000", HISTORY_APP_JITTER_MS="0")
+        for env in _beat_envs(beat_env, server.url)
+    ]
+    fleet = Fleet(tmp_path, envs)
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent", fleet.offsets())
+        before = fleet.offsets()
+        server.kill()
+        time.sleep(9)
+        server.start()
+        fleet.wait_any("is back after", before, timeout=60)
+        time.sleep(4)
+        fleet.stop()
+    finally:
+        fleet.kill()
+        server.kill()
+    sent = set(_tokens(broker_url, prefix))
+    missing = set(range(min(sent), max(sent), 1000)) - sent
+    assert len(missing) >= 3, sorted(missing)  # about 9 s of a job every second, less its 3 s of lateness
+    named: set[int] = set()
+    for index in range(len(envs)):
+        back = re.search(r"is back after [\d.]+s; (\d+) run\(s\) were not claimed meanwhile(.*)", fleet.text(index))
+        assert back is not None
+        named |= {int(slot) for slot in re.findall(r"\d{13}", back.group(2))}
+    assert missing <= named, (sorted(missing), sorted(named))

@@ -85,8 +85,9 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                 chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
             )
         raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis://, sentinel:// or postgresql:// URL, "
-            "sqlite:///file.db (the instances of one host), memory:// (one process, for tests) or a Backend instance"
+            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis://, sentinel:// or "
+            "postgresql:// URL, sqlite:///file.db (the instances of one host), memory:// (one process, for tests) "
+            "or a Backend instance"
         )
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
         return RabbitMQBackend(

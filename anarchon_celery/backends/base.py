@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["Armed", "Backend", "Claim", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
+__all__ = ["MissedRuns", "Armed", "Backend", "Claim", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]*\Z")
 
@@ -34,6 +34,37 @@ def check_slot_ttl(slot_ttl_ms: object) -> int:
     if isinstance(slot_ttl_ms, bool) or not isinstance(slot_ttl_ms, int) or slot_ttl_ms <= 0:
         raise ConfigError(f"slot_ttl_ms must be a positive integer (milliseconds), not {slot_ttl_ms!r}")
     return slot_ttl_ms
+
+
+class MissedRuns:
+    """The runs the scheduler gave up during an outage (their deadline passed), for the line that
+    says it ended: all counted, the first :attr:`named` named by job and slot."""
+
+    named = 20
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._slots: dict[str, list[int]] = {}
+
+    def add(self, job: str, slots: Sequence[int]) -> None:
+        self.count += len(slots)
+        room = self.named - sum(len(kept) for kept in self._slots.values())
+        if room > 0 and slots:
+            self._slots.setdefault(job, []).extend(slots[:room])
+
+    def __str__(self) -> str:
+        """``N run(s) were not claimed meanwhile``, then the runs: ``: job 'a' slots 1, 2; ...``."""
+        text = f"{self.count} run(s) were not claimed meanwhile"
+        if not self.count:
+            return text
+        jobs = "; ".join(
+            f"job {job!r} slot{'s' if len(slots) > 1 else ''} {', '.join(str(slot) for slot in slots)}"
+            for job, slots in self._slots.items()
+        )
+        shown = sum(len(slots) for slots in self._slots.values())
+        return f"{text} (their deadline passed): {jobs}" + (
+            f" and {self.count - shown} more" if self.count > shown else ""
+        )
 
 
 class Outcome(enum.Enum):
@@ -209,11 +240,12 @@ class Backend(abc.ABC):
         """Whether the backend cannot reach its store right now. The backend logs one line when an
         outage starts, a reminder a minute while it lasts, and one line when it ends with the runs
         missed meanwhile; the scheduler then logs the runs it skips at debug level only and
-        counts them with :meth:`missed`."""
+        notes them with :meth:`missed`."""
         return False
 
-    def missed(self, count: int) -> None:
-        """Count runs skipped by the scheduler during the current outage (see :meth:`in_outage`)."""
+    def missed(self, job: str, slots: Sequence[int]) -> None:
+        """Note runs of ``job`` skipped by the scheduler during the current outage, their deadline
+        passed (see :meth:`in_outage`): the line that says it ended counts and names them."""
         return None
 
     def max_idle_s(self) -> float | None:

@@ -23,7 +23,7 @@ from typing import NamedTuple, TypeVar
 
 from .. import clock
 from ..errors import ConfigError
-from .base import Armed, Backend, Claim, Outcome, Takeover, check_prefix, check_slot_ttl
+from .base import Armed, Backend, Claim, MissedRuns, Outcome, Takeover, check_prefix, check_slot_ttl
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
@@ -75,7 +75,7 @@ class StoreBackend(Backend):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = float(timeout)
         self._outage_since: float | None = None
-        self._missed = 0
+        self._missed = MissedRuns()
         self._armed: list[Armed] = []
         #: Runs whose claim's answer may have been lost with every try: made again (by the
         #: scheduler, as AWAY), they are asked with recovery, which finds a win of this instance.
@@ -267,15 +267,15 @@ class StoreBackend(Backend):
     def _recovered(self) -> None:
         if self._outage_since is not None:
             logger.warning(
-                "anarchon: %s is back after %.1fs; %d run(s) were not claimed meanwhile",
+                "anarchon: %s is back after %.1fs; %s",
                 self.describe(),
                 time.monotonic() - self._outage_since,
                 self._missed,
             )
-            self._outage_since, self._missed = None, 0
+            self._outage_since, self._missed = None, MissedRuns()
 
     def in_outage(self) -> bool:
         return self._outage_since is not None
 
-    def missed(self, count: int) -> None:
-        self._missed += count
+    def missed(self, job: str, slots: Sequence[int]) -> None:
+        self._missed.add(job, slots)

@@ -186,8 +186,8 @@ class RabbitMQBackend(Backend):
     def in_outage(self) -> bool:
         return self.link.in_outage()
 
-    def missed(self, count: int) -> None:
-        self.link.missed(count)
+    def missed(self, job: str, slots: Sequence[int]) -> None:
+        self.link.missed(job, slots)
 
     def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
         """See :meth:`Backend.share_definitions` and :mod:`.sharing`."""

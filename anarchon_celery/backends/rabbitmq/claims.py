@@ -175,8 +175,8 @@ class Claimer:
                 left = _seconds_until(just_claims)
                 if attempt == 2 or (left is not None and left <= 0):
                     self.link.outage(exc)
-                    self.link.missed(len(claims))  # reported once, when the outage ends
                     for claim, gate in claims:
+                        self.link.missed(claim.job, [claim.slot])  # reported once, when the outage ends
                         logger.debug(
                             "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
                             claim.job,

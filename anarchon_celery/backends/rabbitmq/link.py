@@ -20,6 +20,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from ...connections import NodeLog
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
+from ..base import MissedRuns
 
 __all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls", "reset_connection"]
 
@@ -111,7 +112,7 @@ class Link:
         self._declarer: amqp.Channel | None = None
         self._forgetters: list[Callable[[], None]] = []
         self._outage_since: float | None = None
-        self._outage_missed = 0  # runs not claimed during the current outage
+        self._outage_missed = MissedRuns()  # runs not claimed during the current outage
         self._outage_unrecorded = 0  # history events not written during the current outage
         self._outage_reminded = 0.0  # time.monotonic() of its last line
 
@@ -228,8 +229,8 @@ class Link:
     def in_outage(self) -> bool:
         return self._outage_since is not None
 
-    def missed(self, count: int) -> None:
-        self._outage_missed += count
+    def missed(self, job: str, slots: Sequence[int]) -> None:
+        self._outage_missed.add(job, slots)
 
     def unrecorded(self, count: int) -> None:
         """``count`` history events were not written during the current outage (reported,
@@ -249,7 +250,7 @@ class Link:
         shown = reason or f"is unavailable ({type(exc).__name__}: {exc})"
         if self._outage_since is None:
             self._outage_since = self._outage_reminded = now
-            self._outage_missed = self._outage_unrecorded = 0
+            self._outage_missed, self._outage_unrecorded = MissedRuns(), 0
             logger.warning(
                 "anarchon: RabbitMQ at %s %s; reconnecting with back-off. Runs due meanwhile are not run by "
                 "this instance",
@@ -263,21 +264,21 @@ class Link:
                 self.connection.as_uri(),
                 "refuses us" if reason else "unavailable",
                 now - self._outage_since,
-                self._outage_missed,
+                self._outage_missed.count,
             )
 
     def _recovered(self) -> None:
         if self._outage_since is not None:
             unrecorded = self._outage_unrecorded
             logger.warning(
-                "anarchon: RabbitMQ at %s is back after %.1fs; %d run(s) were not claimed meanwhile%s",
+                "anarchon: RabbitMQ at %s is back after %.1fs; %s%s",
                 self.connection.as_uri(),
                 time.monotonic() - self._outage_since,
                 self._outage_missed,
                 f", {unrecorded} history event(s) not recorded" if unrecorded else "",
             )
             self._outage_since = None
-            self._outage_missed = self._outage_unrecorded = 0
+            self._outage_missed, self._outage_unrecorded = MissedRuns(), 0
 
 
 def refusal(exc: BaseException, connection: Connection) -> str | None:
