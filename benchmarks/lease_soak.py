@@ -17,6 +17,14 @@ to a file, which is what is counted. The faults, one every ``--every`` seconds:
   ``CLIENT KILL TYPE normal``, PostgreSQL ``pg_terminate_backend``; none for SQLite);
 * ``restart``: the store restarted (RabbitMQ's application; the benchmark's own Redis, with
   ``appendonly yes`` and ``appendfsync always``; PostgreSQL's cluster, ``pg_ctlcluster restart``);
+* ``outage``: the store away for ``--outage-s`` seconds (3 by default), then back with its data:
+  Redis SIGKILLed and started again, PostgreSQL stopped as in a crash (``-m immediate``) and
+  started again, RabbitMQ's application stopped and started again, SQLite's write lock held by
+  another connection (longer than its 5 s wait: ``--outage-s 8``);
+* ``failover``: (``redis-sentinel``, ``redis-sentinel-wait``) the master of a Sentinel group of the
+  benchmark's own (a master, two replicas, three sentinels) SIGKILLed: a replica is promoted in
+  about 2 s; the old master is started again ``--outage-s`` later and rejoins as a replica.
+  ``redis-sentinel-wait`` counts a win only once a replica has it (``wait_replicas=1``);
 * ``chaos``: ``kill``, ``cut`` and ``restart`` in turn (SQLite: ``kill`` only);
 * ``rolling``: one instance after the other stopped with SIGTERM and started again;
 * ``skew``: no fault, but one instance's clock is 60 s ahead (``none``: no fault at all).
@@ -46,6 +54,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -58,17 +67,19 @@ from typing import Any
 from common import BROKER, HERE, delete_prefixed, now_ms, percentile, start_celery, stop, wait_for_line
 from soak import expire_gates, rabbitmqctl, restart_broker
 
-IMPLS = ("sqlite", "redis", "postgres", "rabbitmq", "redbeat")
-MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "chaos", "rolling", "skew")
+IMPLS = ("sqlite", "redis", "postgres", "rabbitmq", "redbeat", "redis-sentinel", "redis-sentinel-wait")
+MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "outage", "failover", "chaos", "rolling", "skew")
 #: The modes run by default: the figures of the README.
 DEFAULT_MODES = ("kill-claim", "pause-send", "chaos", "rolling", "skew")
 #: What each impl plays (the others are not applicable: no server to cut, no point to aim at).
 PLAYS = {
-    "sqlite": {"none", "kill-claim", "pause-send", "kill", "chaos", "rolling", "skew"},
-    "redis": set(MODES),
-    "postgres": set(MODES),
-    "rabbitmq": set(MODES),
-    "redbeat": {"none", "kill", "cut", "restart", "chaos", "rolling"},
+    "sqlite": {"none", "kill-claim", "pause-send", "kill", "outage", "chaos", "rolling", "skew"},
+    "redis": set(MODES) - {"failover"},
+    "postgres": set(MODES) - {"failover"},
+    "rabbitmq": set(MODES) - {"failover"},
+    "redbeat": {"none", "kill", "cut", "restart", "outage", "chaos", "rolling"},
+    "redis-sentinel": {"none", "failover"},
+    "redis-sentinel-wait": {"none", "failover"},
 }
 #: ``chaos`` plays these in turn (those the store has: SQLite has no server to cut or restart).
 CHAOS = ("kill", "cut", "restart")
@@ -108,6 +119,13 @@ class OwnRedis:
         time.sleep(1)
         self.start()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash (what it wrote is on disk: appendfsync always)."""
+        pid = int((self.folder / "redis.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        while subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "ping"], capture_output=True).returncode == 0:
+            time.sleep(0.05)
+
     def stop(self) -> None:
         self.cli("shutdown", "nosave")
 
@@ -120,6 +138,20 @@ def postgres_restart() -> None:
     while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
         if time.monotonic() > deadline:
             raise RuntimeError("PostgreSQL did not come back after the restart fault: start it by hand")
+        time.sleep(0.2)
+
+
+def postgres_outage(seconds: float) -> None:
+    """PostgreSQL stopped as in a crash, then started again ``seconds`` later."""
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
+    subprocess.run([*command, "stop", "-m", "immediate"], check=True, capture_output=True)
+    time.sleep(seconds)
+    subprocess.run([*command, "start"], check=True, capture_output=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("PostgreSQL did not come back after the outage fault: start it by hand")
         time.sleep(0.2)
 
 
@@ -165,10 +197,18 @@ class Line:
             SOAK_EXECUTIONS=str(self.executions),
             PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
         )
+        self.group: Any = None
+        if impl.startswith("redis-sentinel"):
+            sys.path.insert(0, str(HERE.parent))
+            from tests.redis_servers import SentinelGroup
+
+            self.group = SentinelGroup(self.tmp / "sentinel")
         backend = {
             "sqlite": f"sqlite:///{self.tmp / 'anarchon.db'}",
             "redis": redis.url,
             "postgres": POSTGRES,
+            "redis-sentinel": self.group.url() if self.group else None,
+            "redis-sentinel-wait": self.group.url("wait_replicas=1") if self.group else None,
         }.get(impl)
         if backend:
             self.env["SOAK_BACKEND"] = backend
@@ -255,6 +295,13 @@ class Line:
                 self._cut()
             elif mode == "restart":
                 self._restart()
+            elif mode == "outage":
+                self._outage(self.args.outage_s)
+            elif mode == "failover":
+                master = self.group.master_port()
+                self.group.server_on(master).kill()
+                time.sleep(self.args.outage_s)
+                self.group.server_on(master).start()  # the sentinels make it a replica
             self.faults += 1
 
     def _exact(self, fault: str) -> None:
@@ -303,6 +350,27 @@ class Line:
         elif self.impl == "postgres":
             postgres_restart()
 
+    def _outage(self, seconds: float) -> None:
+        if self.impl == "rabbitmq":
+            expire_gates(self.prefix, self.args.slot_ttl_ms)
+            rabbitmqctl("stop_app")
+            time.sleep(seconds)
+            restart_broker()
+        elif self.impl in ("redis", "redbeat"):
+            self.redis.kill()
+            time.sleep(seconds)
+            self.redis.start()
+        elif self.impl == "postgres":
+            postgres_outage(seconds)
+        elif self.impl == "sqlite":
+            db = sqlite3.connect(self.tmp / "anarchon.db", isolation_level=None)
+            try:
+                db.execute("BEGIN EXCLUSIVE")  # every claim and mark waits, 5 s at most, then fails
+                time.sleep(seconds)
+                db.execute("ROLLBACK")
+            finally:
+                db.close()
+
     # -- the end --------------------------------------------------------------------------------
 
     def finish(self) -> None:
@@ -338,6 +406,8 @@ class Line:
         )
         if self.impl == "postgres":
             postgres_clean(self.prefix)
+        if self.group is not None:
+            self.group.kill()
         if not self.args.keep_logs:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -413,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ms", type=int, default=5_000)
     parser.add_argument("--slot-ttl-ms", type=int, default=60_000)
     parser.add_argument("--tail-s", type=int, default=5, help="runs of the last seconds are not counted")
+    parser.add_argument("--outage-s", type=float, default=3.0, help="how long an outage or failover fault lasts")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="anarchon-lease-soak-redis-"))
