@@ -84,6 +84,8 @@ PLAYS = {
 #: ``chaos`` plays these in turn (those the store has: SQLite has no server to cut or restart).
 CHAOS = ("kill", "cut", "restart")
 REDIS_PORT = 6390
+#: The most gates the RabbitMQ line may keep alive at once (see main()).
+MAX_GATES = 600
 POSTGRES = os.environ.get("SOAK_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -486,6 +488,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage-s", type=float, default=3.0, help="how long an outage or failover fault lasts")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
+    gates = args.jobs * args.slot_ttl_ms / 1000 / args.period
+    if "rabbitmq" in args.impls.split(",") and gates > MAX_GATES:
+        # Each live gate holds a file while RabbitMQ recovers it after a restart: past its open-file
+        # limit (about 927 here) a restarted node hangs in its recovery.
+        parser.error(
+            f"the RabbitMQ line would keep about {gates:.0f} gates alive (--jobs x --slot-ttl-ms / --period), "
+            f"more than {MAX_GATES}: lower --slot-ttl-ms (it must stay above lead, jitter and --max-late-ms: "
+            "about 21000 with the defaults) or --jobs"
+        )
     folder = Path(tempfile.mkdtemp(prefix="anarchon-lease-soak-redis-"))
     redis = OwnRedis(folder)
     results = []

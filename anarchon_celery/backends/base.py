@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["MissedRuns", "Armed", "Backend", "Claim", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
+__all__ = ["Armed", "Backend", "Claim", "MissedRuns", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]*\Z")
 

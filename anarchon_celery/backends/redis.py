@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigError
@@ -192,9 +192,7 @@ class RedisBackend(StoreBackend):
         for claim in claims:
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups)]
-        answers = self._claim_script(args=args)
-        if b"won" in answers:
-            self._replicated("claims")
+        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer == b"won")
         results = []
         for answer in answers:
             outcome, *amounts = answer.decode().split(":")
@@ -209,24 +207,27 @@ class RedisBackend(StoreBackend):
         for claim in claims:
             args += [claim.job, str(claim.slot)]
         answers = []
-        for answer in self._take_over_script(args=args):
+        for answer in self._decided(self._take_over_script, args, "takeovers", lambda a: a.startswith(b"won:")):
             kind, _, value = answer.decode().partition(":")
             answers.append((kind, int(value)))
-        if any(kind == "won" for kind, _ in answers):
-            self._replicated("takeovers")
         return answers
 
-    def _replicated(self, what: str) -> None:
-        """With ``wait_replicas``: wait until that many replicas have the decisions just made on
-        this connection, or raise NotReplicated."""
+    def _decided(self, script: Any, args: list[Any], what: str, won: Callable[[bytes], bool]) -> list[bytes]:
+        """The answers of a deciding script. With ``wait_replicas``, the script and Redis's ``WAIT``
+        go in one pipeline, so that WAIT waits for this very connection's writes; a win that fewer
+        replicas acknowledged raises NotReplicated."""
         if not self.wait_replicas:
-            return
-        acknowledged = int(self.client.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms))
-        if acknowledged < self.wait_replicas:
+            return list(script(args=args))
+        pipe = self.client.pipeline(transaction=False)
+        script(args=args, client=pipe)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        answers, acknowledged = pipe.execute()
+        if int(acknowledged) < self.wait_replicas and any(won(answer) for answer in answers):
             raise NotReplicated(
                 f"{what} acknowledged by {acknowledged} replica(s) of the {self.wait_replicas} wanted "
                 f"(wait_replicas) within {self.wait_timeout_ms} ms"
             )
+        return list(answers)
 
     def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
         args: list[Any] = [self.prefix]
