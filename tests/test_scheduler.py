@@ -6,7 +6,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -485,13 +485,14 @@ class _StoreDownFor(_AwayFor):
     is in an outage, which counts the runs given up meanwhile for the line that ends it."""
 
     away_text = ("the store cannot be reached", "the store could not be reached")
-    given_up = 0
 
     def in_outage(self) -> bool:
         return clock_module.now_ms() < self.back_ms
 
-    def missed(self, count: int) -> None:
-        self.given_up += count
+    given_up: list[tuple[str, int]]
+
+    def missed(self, job: str, slots: Sequence[int]) -> None:
+        self.given_up += [(job, slot) for slot in slots]
 
 
 @pytest.mark.parametrize(("back_after_ms", "sent_slots"), [(2_500, [T0, T0 + 10_000]), (6_000, [T0 + 10_000])])
@@ -506,14 +507,14 @@ def test_a_run_whose_store_is_down_is_claimed_again_and_counted_when_given_up(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="anarchon_celery")
     backend = _StoreDownFor(prefix=prefix, slot_ttl_ms=60_000)
-    backend.back_ms, backend.calls = T0 + back_after_ms, []
+    backend.back_ms, backend.calls, backend.given_up = T0 + back_after_ms, [], []
     assert _sent_slots_with(backend, app, clock, broker_url, prefix) == sent_slots
     assert "the store cannot be reached; claiming it again" in caplog.text
     given_up = [r for r in caplog.records if "the store could not be reached until" in r.getMessage()]
-    if back_after_ms > 5_000:  # given up in the outage: counted for its closing line, not warned of
-        assert backend.given_up == 1 and [r.levelno for r in given_up] == [logging.DEBUG]
+    if back_after_ms > 5_000:  # given up in the outage: named in its closing line, not warned of
+        assert backend.given_up == [("job", T0)] and [r.levelno for r in given_up] == [logging.DEBUG]
     else:
-        assert backend.given_up == 0 and not given_up
+        assert backend.given_up == [] and not given_up
 
 
 class _DeafToMarks(SQLiteBackend):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from . import postgres_servers
 from .redis_servers import OwnRedisServer
 from .stores import delete_postgres_rows
 from .test_backup_runners import _tokens
@@ -221,3 +222,52 @@ def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
         assert back is not None
         named |= {int(slot) for slot in re.findall(r"\d{13}", back.group(2))}
     assert missing <= named, (sorted(missing), sorted(named))
+
+
+@pytest.mark.timeout(240)
+def test_a_postgres_failover_to_a_synchronous_standby_loses_and_doubles_no_run(
+    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    broker_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """A primary of the test's own with a synchronous standby (each commit waits for it); the
+    beats name both hosts and ask for the one that takes writes. The primary crashes, the standby
+    is promoted: the runs due meanwhile are claimed on it, each sent once."""
+    if not postgres_servers.available():
+        pytest.skip("PostgreSQL's server programs are not here")
+    primary = postgres_servers.OwnPostgres()
+    standby = None
+    fleet = None
+    try:
+        standby = postgres_servers.OwnPostgres(standby_of=primary)
+        primary.wait_streaming()
+        primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")  # (not copied to the standby)
+        primary.sql("SELECT pg_reload_conf()")
+        url = (
+            f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
+            "?target_session_attrs=read-write"
+        )
+        fleet = Fleet(tmp_path, _beat_envs(beat_env, url))
+        fleet.wait_ready()
+        fleet.wait_any("won, sent", fleet.offsets())
+        assert primary.sql("SELECT sync_state FROM pg_stat_replication") == [("sync",)]
+        time.sleep(2)
+        before = fleet.offsets()
+        primary.crash()
+        time.sleep(2)  # as long as a failover manager takes to decide
+        standby.promote()
+        fleet.wait_any("is back after", before, timeout=60)
+        time.sleep(6)
+        fleet.stop()
+    finally:
+        if fleet is not None:
+            fleet.kill()
+        for server in (standby, primary):
+            if server is not None:
+                server.remove()
+    tokens = _tokens(broker_url, prefix)
+    assert all(sent == [1] for sent in tokens.values()), {s: t for s, t in tokens.items() if t != [1]}
+    assert_each_run_once(list(tokens))
+    text = "".join(fleet.text(i) for i in range(3))
+    assert "Traceback" not in text and "not run by this instance" not in text

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -348,9 +349,16 @@ def _schema_complete(db: Any) -> bool:
 
 
 def _shown(url: str) -> str:
-    """The URL without its password (a URL's, or a connection string's ``password=``)."""
-    from kombu.utils.url import maybe_sanitize_url
-
-    if "://" in url:
-        return str(maybe_sanitize_url(url))
-    return " ".join("password=**" if part.startswith("password=") else part for part in url.split())
+    """The URL without its password (a URL's user information or ``password=`` parameter, or a
+    connection string's ``password=``). Read by hand: a URL may name several hosts
+    (``postgresql://u:p@db1:5432,db2:5432/proj``), which URL parsers refuse."""
+    if "://" not in url:
+        return " ".join("password=**" if part.startswith("password=") else part for part in url.split())
+    scheme, rest = url.split("://", 1)
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        user_info, hosts = netloc.rsplit("@", 1)
+        user, colon, _ = user_info.partition(":")
+        netloc = f"{user}{':**' if colon else ''}@{hosts}"
+    tail = re.sub(r"(^|[?&])password=[^&]*", r"\1password=**", tail)
+    return f"{scheme}://{netloc}{slash}{tail}"
