@@ -113,3 +113,23 @@ class OwnPostgres:
         while not self.sql("SELECT 1 FROM pg_stat_replication WHERE state = 'streaming'"):
             assert time.monotonic() < deadline, "no standby streams from the primary"
             time.sleep(0.1)
+
+
+def system_cluster(action: str, *options: str) -> None:
+    """``pg_ctlcluster`` on this machine's PostgreSQL cluster (the suite's), then, unless it was
+    stopped, wait until it answers again."""
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action, *options],
+        check=True,
+        capture_output=True,
+    )
+    if action != "stop":
+        deadline = time.monotonic() + 60
+        while not system_cluster_answers():
+            assert time.monotonic() < deadline, "PostgreSQL did not come back"
+            time.sleep(0.2)
+
+
+def system_cluster_answers() -> bool:
+    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode == 0

@@ -42,6 +42,7 @@ from anarchon_celery.backends.rabbitmq import (
 from anarchon_celery.history import encode_event, fold
 
 from . import broker_control as control
+from . import postgres_servers
 from .proxy import Proxy
 from .redis_servers import OwnRedisServer
 
@@ -303,21 +304,6 @@ def test_a_lease_handed_back_is_heard_by_the_other_instances(make_backend: Any) 
     assert b.handed_back() == []  # told once
 
 
-def _restart_postgres() -> None:
-    import subprocess
-
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
-        check=True,
-        capture_output=True,
-    )
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
-        assert time.monotonic() < deadline, "PostgreSQL did not come back"
-        time.sleep(0.2)
-
-
 @pytest.mark.parametrize("kind", ["redis", "postgres"])
 def test_a_store_restart_keeps_every_decision_and_lease(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -347,7 +333,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
             server.start()
             assert b.claim([during], "b") == [Outcome.WON]  # the scheduler's claim made again
         else:
-            _restart_postgres()
+            postgres_servers.system_cluster("restart", "-m", "fast")
         assert b.claim([first], "b") == [Outcome.LOST]  # decided before the restart
         assert [armed.rank for armed in b.armed()] == [1]  # its lease kept: b is a backup
         assert b.take_over([first], "b")[0].kind == "held"

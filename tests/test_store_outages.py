@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -120,22 +119,6 @@ def test_runs_due_while_redis_is_away_are_each_sent_once(
         server.kill()
 
 
-def _pg_ctl(action: str, *options: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action, *options],
-        check=True,
-        capture_output=True,
-    )
-
-
-def _wait_for_postgres() -> None:
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
-        assert time.monotonic() < deadline, "PostgreSQL did not come back"
-        time.sleep(0.2)
-
-
 @pytest.mark.timeout(180)
 def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
     beat_env: dict[str, str],  # noqa: F811 - the fixture
@@ -148,19 +131,17 @@ def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
         pytest.skip("the PostgreSQL of the tests is not this machine's cluster: not ours to stop")
 
     def away() -> Iterator[None]:
-        _pg_ctl("stop", "-m", "immediate")  # as a crash: no goodbye to the clients
+        postgres_servers.system_cluster("stop", "-m", "immediate")  # as a crash: no goodbye to the clients
         try:
             yield
         finally:
-            _pg_ctl("start")
-            _wait_for_postgres()
+            postgres_servers.system_cluster("start")
 
     try:
         _run_through_an_outage(tmp_path, _beat_envs(beat_env, postgres_url), away(), broker_url, prefix)
     finally:
-        if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
-            _pg_ctl("start")
-            _wait_for_postgres()
+        if not postgres_servers.system_cluster_answers():
+            postgres_servers.system_cluster("start")
         delete_postgres_rows(postgres_url, prefix)
 
 
