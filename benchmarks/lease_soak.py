@@ -67,6 +67,10 @@ from typing import Any
 from common import BROKER, HERE, delete_prefixed, now_ms, percentile, start_celery, stop, wait_for_line
 from soak import expire_gates, rabbitmqctl, restart_broker
 
+sys.path.insert(0, str(HERE.parent))
+from tests.postgres_servers import system_cluster  # noqa: E402
+from tests.redis_servers import SentinelGroup  # noqa: E402
+
 IMPLS = ("sqlite", "redis", "postgres", "rabbitmq", "redbeat", "redis-sentinel", "redis-sentinel-wait")
 MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "outage", "failover", "chaos", "rolling", "skew")
 #: The modes run by default: the figures of the README.
@@ -132,31 +136,6 @@ class OwnRedis:
         self.cli("shutdown", "nosave")
 
 
-def postgres_restart() -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"]
-    subprocess.run(command, check=True, capture_output=True)
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError("PostgreSQL did not come back after the restart fault: start it by hand")
-        time.sleep(0.2)
-
-
-def postgres_outage(seconds: float) -> None:
-    """PostgreSQL stopped as in a crash, then started again ``seconds`` later."""
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
-    subprocess.run([*command, "stop", "-m", "immediate"], check=True, capture_output=True)
-    time.sleep(seconds)
-    subprocess.run([*command, "start"], check=True, capture_output=True)
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError("PostgreSQL did not come back after the outage fault: start it by hand")
-        time.sleep(0.2)
-
-
 def postgres_cut() -> None:
     import psycopg
 
@@ -201,9 +180,6 @@ class Line:
         )
         self.group: Any = None
         if impl.startswith("redis-sentinel"):
-            sys.path.insert(0, str(HERE.parent))
-            from tests.redis_servers import SentinelGroup
-
             self.group = SentinelGroup(self.tmp / "sentinel")
         backend = {
             "sqlite": f"sqlite:///{self.tmp / 'anarchon.db'}",
@@ -343,14 +319,11 @@ class Line:
 
     def _restart(self) -> None:
         if self.impl == "rabbitmq":
-            expire_gates(self.prefix, self.args.slot_ttl_ms)
-            rabbitmqctl("stop_app")
-            time.sleep(2)
-            restart_broker()
+            self._outage(2)
         elif self.impl in ("redis", "redbeat"):
             self.redis.restart()
         elif self.impl == "postgres":
-            postgres_restart()
+            system_cluster("restart", "-m", "fast")
 
     def _outage(self, seconds: float) -> None:
         if self.impl == "rabbitmq":
@@ -363,7 +336,9 @@ class Line:
             time.sleep(seconds)
             self.redis.start()
         elif self.impl == "postgres":
-            postgres_outage(seconds)
+            system_cluster("stop", "-m", "immediate")  # as a crash
+            time.sleep(seconds)
+            system_cluster("start")
         elif self.impl == "sqlite":
             db = sqlite3.connect(self.tmp / "anarchon.db", isolation_level=None)
             try:
