@@ -33,6 +33,14 @@ def test_a_sentinel_url_names_the_master_and_every_sentinel_never_the_password()
     assert backend.wait_replicas == 0
 
 
+def test_a_sentinel_client_of_yours_is_named_as_such() -> None:
+    from redis.sentinel import Sentinel
+
+    client = Sentinel([("10.0.0.1", 26379), ("10.0.0.2", 26379)]).master_for("billing", password="s3cret", db=3)
+    shown = RedisBackend(client=client, prefix="p.").describe()  # nothing is reached here
+    assert shown == "Redis master 'billing' through Sentinel 10.0.0.1:26379,10.0.0.2:26379, database 3 (prefix 'p.')"
+
+
 def test_a_sentinel_url_without_a_master_name_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"names no master: add \?master_name=NAME") as raised:
         RedisBackend(SENTINELS)
