@@ -37,7 +37,7 @@ from .control import (
 from .errors import AnarchonError, BrokerError
 from .history import Run, fold
 from .jobs import JOB_NAME_RE, Job, backups_never_act
-from .schedule import from_ms
+from .schedule import from_ms, to_ms
 
 __all__ = ["anarchon"]
 
@@ -104,6 +104,20 @@ def _deployment(ctx: click.Context) -> Iterator[Deployment]:
             connection.release()
 
 
+def _instant(text: str, tz: dt.tzinfo) -> int:
+    """Epoch ms of an ISO 8601 time; one without an offset is a wall time of ``tz``."""
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 time: write it as 2027-10-31T01:30, 2027-10-31 01:30:00 or 2027-10-30T23:30Z",
+            param_hint="--after",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=tz)  # a repeated wall time means its first occurrence (fold=0)
+    return to_ms(when)
+
+
 def _iso(ms: int | None, tz: dt.tzinfo = dt.timezone.utc) -> str | None:
     return None if ms is None else from_ms(ms).astimezone(tz).isoformat(timespec="seconds")
 
@@ -167,14 +181,20 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
 @anarchon.command(name="next")
 @click.argument("job")
 @click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True, help="How many runs.")
+@click.option(
+    "--after",
+    metavar="TIME",
+    help="Start after this time instead of now: ISO 8601, such as 2027-10-31T01:30 (the job's time "
+    "zone) or 2027-10-30T23:30Z (with its offset).",
+)
 @json_option
 @click.pass_context
 @_fail_cleanly
-def next_runs(ctx: click.Context, job: str, count: int, as_json: bool) -> None:
+def next_runs(ctx: click.Context, job: str, count: int, after: str | None, as_json: bool) -> None:
     """The next N run times of JOB, local (the job's time zone) and UTC."""
     with _deployment(ctx) as deployment:
         spec: Job = deployment.job(job)
-    slots, slot = [], clock.now_ms()
+    slots, slot = [], clock.now_ms() if after is None else _instant(after, spec.tz)
     for _ in range(count):
         slot = spec.next_slot(slot)
         slots.append(slot)

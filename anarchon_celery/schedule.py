@@ -8,14 +8,15 @@ Intervals are aligned to the Unix epoch: a job every 10 minutes runs at :00, :10
 10 minutes after the process started as plain celery beat does.
 
 Cron schedules are evaluated on the wall clock of the job's time zone. Around daylight saving
-time changes:
+time changes they follow cron's own rule (Debian's cron(8), "daylight savings time"):
 
 * a wall time skipped by a spring-forward change (02:30 on the night clocks jump from 02:00 to
   03:00) runs at the first instant after the gap (03:00 new time). Several matches inside one gap
   collapse into that single run, which is also the run of a match at 03:00 itself;
-* a wall time repeated by a fall-back change (01:30 happens twice) runs once, at its first
-  occurrence (still summer time). A job matching every few minutes therefore pauses for the
-  repeated hour; use ``tz='UTC'`` or an interval for jobs that must not.
+* at a fall-back change (02:00-03:00 happens twice), a job whose minute or hour field has a
+  wildcard, a step or a range (``*/5 * * * *``, ``30 * * * *``, ``0 1-3 * * *``) runs by the new
+  time at once: it runs in both passes of the repeated hour and keeps its rhythm. A job at fixed
+  times of day (``30 2 * * *``, ``0 2,14 * * *``) runs once, at the first occurrence.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ __all__ = ["Cron", "Interval", "Schedule", "parse_schedule", "resolve_tz"]
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 _MS = dt.timedelta(milliseconds=1)
+_SECOND = dt.timedelta(seconds=1)
+_DAY_MS = 86_400_000
 
 #: The usual macros, as 5-field specs. ``@reboot`` has no slot and is refused.
 MACROS = {
@@ -59,6 +62,11 @@ def to_ms(instant: dt.datetime) -> int:
 def from_ms(ms: int) -> dt.datetime:
     """Integer epoch milliseconds as an aware UTC datetime."""
     return EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def _naive(ms: int, offset: dt.timedelta) -> dt.datetime:
+    """The wall time of an instant under a UTC offset, without a tzinfo."""
+    return (from_ms(ms) + offset).replace(tzinfo=None)
 
 
 def resolve_tz(tz: Any) -> dt.tzinfo:
@@ -130,9 +138,9 @@ class Cron(Schedule):
     entries use ``day_or=False`` (both must match), as Celery does.
     """
 
-    __slots__ = ("spec", "tz", "day_or", "_seconds", "_parsed")
+    __slots__ = ("spec", "tz", "day_or", "wildcard", "_seconds", "_parsed")
 
-    def __init__(self, spec: str, tz: Any = "UTC", *, day_or: bool = True) -> None:
+    def __init__(self, spec: str, tz: Any = "UTC", *, day_or: bool = True, wildcard: bool | None = None) -> None:
         if not isinstance(spec, str):
             raise ConfigError(f"cron spec must be a string, not {spec!r}")
         text = " ".join(spec.split())
@@ -154,6 +162,10 @@ class Cron(Schedule):
                     "each instance different slots; write the values out"
                 )
         self._seconds = len(fields) == 6
+        minute, hour = fields[1:3] if self._seconds else fields[0:2]
+        #: Whether the job runs in both passes of a repeated hour (see the module docstring):
+        #: cron's "wildcard" job, from the spec unless given (a Celery crontab's own fields).
+        self.wildcard = any(c in minute + hour for c in "*/-") if wildcard is None else wildcard
         if not croniter.is_valid(text, second_at_beginning=self._seconds):
             raise ConfigError(f"invalid cron spec {spec!r}: see `man 5 crontab` for the syntax")
         self.spec = text
@@ -166,8 +178,37 @@ class Cron(Schedule):
             raise ConfigError(f"invalid cron spec {spec!r}: {exc}") from exc
 
     def next_slot(self, after_ms: int) -> int:
-        after = from_ms(after_ms)
-        wall = after.astimezone(self.tz).replace(tzinfo=None)
+        # Walk the wall clock from `after_ms`, one stretch of constant UTC offset at a time: a
+        # match is an instant only if no offset change lies between; otherwise the change
+        # decides (spring forward: the gap's matches run at the change; fall back: the repeated
+        # hour is walked again by wildcard jobs, skipped by the others).
+        t, offset = after_ms, self._offset(after_ms)
+        wall_from, inclusive = _naive(t, offset), False
+        if not self.wildcard:
+            repeat_end = self._end_of_second_pass(t, offset)
+            if repeat_end is not None:
+                wall_from, inclusive = repeat_end, True
+        while True:
+            match = self._match(wall_from, inclusive)
+            candidate = to_ms(match.replace(tzinfo=UTC) - offset)
+            change = self._change(t, candidate, offset)
+            if change is None:
+                return candidate
+            new_offset = self._offset(change)
+            if new_offset > offset:  # spring forward: the walls in [old, new) never happen
+                gap_end = _naive(change, new_offset)
+                if match <= gap_end:
+                    return change
+                wall_from = gap_end
+            else:  # fall back: the walls in [new, old) happen again
+                wall_from = _naive(change, new_offset if self.wildcard else offset)
+            t, offset, inclusive = change, new_offset, True
+
+    def _offset(self, ms: int) -> dt.timedelta:
+        return from_ms(ms).astimezone(self.tz).utcoffset() or dt.timedelta(0)
+
+    def _match(self, wall: dt.datetime, inclusive: bool) -> dt.datetime:
+        """The first wall time matching the spec after ``wall`` (or at it, when inclusive)."""
         if self._parsed is None:
             self._parsed = croniter(
                 self.spec,
@@ -177,49 +218,52 @@ class Cron(Schedule):
                 max_years_between_matches=50,
             )
         # Parsing the spec is most of a fresh croniter's cost: a copy of the parsed one, set to
-        # `after`, finds the same matches (and leaves it to other callers unchanged).
+        # `wall`, finds the same matches (and leaves it to other callers unchanged).
         it = copy.copy(self._parsed)
-        it.set_current(wall, force=True)
-        # Usually the first match is it; inside the second pass of a repeated (fall-back) hour,
-        # matches map to their first occurrence, which is earlier than `after`, so skip them.
-        while True:
-            candidate = it.get_next(dt.datetime)
-            slot = self._to_slot(candidate)
-            if slot > after_ms:
-                return slot
+        it.set_current(wall - _SECOND if inclusive else wall, force=True)
+        match: dt.datetime = it.get_next(dt.datetime)
+        return match
 
-    def _to_slot(self, wall: dt.datetime) -> int:
-        """The instant of a wall time under the DST rules in the module docstring."""
-        first = wall.replace(tzinfo=self.tz, fold=0)
-        slot = to_ms(first)
-        if first.astimezone(UTC).astimezone(self.tz).replace(tzinfo=None) == wall:
-            return slot  # exists (a repeated wall time gets fold=0: its first occurrence)
-        # In a spring-forward gap. fold=0 used the offset from before the change, which lands
-        # after the change; fold=1 used the later offset, which lands before it. The change lies
-        # between: find it, to the second.
-        lo = to_ms(wall.replace(tzinfo=self.tz, fold=1)) // 1000
-        hi = slot // 1000
-        offset_after = from_ms(slot).astimezone(self.tz).utcoffset()
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if from_ms(mid * 1000).astimezone(self.tz).utcoffset() == offset_after:
-                hi = mid
-            else:
-                lo = mid
-        return hi * 1000
+    def _change(self, lo: int, hi: int, offset: dt.timedelta) -> int | None:
+        """The first instant in ``(lo, hi]`` whose UTC offset is not ``offset``, if any."""
+        while lo < hi:
+            step = min(hi, lo + _DAY_MS)  # no zone changes its offset twice within a day
+            if self._offset(step) != offset:
+                while step - lo > 1:
+                    mid = (lo + step) // 2
+                    if self._offset(mid) == offset:
+                        lo = mid
+                    else:
+                        step = mid
+                return step
+            lo = step
+        return None
+
+    def _end_of_second_pass(self, t: int, offset: dt.timedelta) -> dt.datetime | None:
+        """Where the repeated walls end, when ``t`` is in the second pass of a fall-back hour."""
+        wall = _naive(t, offset)
+        first = to_ms(wall.replace(tzinfo=self.tz, fold=0))
+        if first >= t:
+            return None
+        before = self._offset(first)
+        change = self._change(first, t, before)
+        return None if change is None else _naive(change, before)
 
     def describe(self) -> str:
         return f"cron '{self.spec}' {self.tz}"
 
     def __eq__(self, other: object) -> bool:
         # The time zones themselves, not their names: two fixed offsets may share a name.
-        return isinstance(other, Cron) and (other.spec, other.tz, other.day_or) == (self.spec, self.tz, self.day_or)
+        return isinstance(other, Cron) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(("cron", self.spec, self.tz, self.day_or))
+        return hash(("cron", *self._key()))
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.spec, self.tz, self.day_or, self.wildcard)
 
     def __repr__(self) -> str:
-        return f"Cron({self.spec!r}, tz={str(self.tz)!r}, day_or={self.day_or})"
+        return f"Cron({self.spec!r}, tz={str(self.tz)!r}, day_or={self.day_or}, wildcard={self.wildcard})"
 
 
 def _crontab_field(values: set[int], full: range) -> str:
@@ -238,7 +282,10 @@ def _from_crontab(entry: Any, tz: dt.tzinfo) -> Cron:
             _crontab_field(entry.day_of_week, range(7)),
         )
     )
-    return Cron(spec, tz, day_or=False)  # Celery's crontab needs both day fields to match
+    # The fields as written decide cron's DST rule: minute="*/15" is a step, even as a list here.
+    written = f"{entry._orig_minute} {entry._orig_hour}"
+    wildcard = any(c in written for c in "*/-")
+    return Cron(spec, tz, day_or=False, wildcard=wildcard)  # Celery's crontab needs both day fields to match
 
 
 def parse_schedule(value: Any, tz: Any = "UTC") -> Schedule:

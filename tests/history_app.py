@@ -36,6 +36,12 @@ app.conf.update(
 )
 if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the process tests
     app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
+if os.environ.get("HISTORY_APP_FIVE_TZ"):  # every 5 minutes on a wall clock with DST
+    app.conf.beat_schedule["five"] = {
+        "task": "history_app.fine",
+        "schedule": "*/5 * * * *",
+        "tz": os.environ["HISTORY_APP_FIVE_TZ"],
+    }
 if os.environ.get("HISTORY_APP_BACKEND"):  # claims through another URL (a proxy) than the tasks
     app.conf.anarchon_backend = os.environ["HISTORY_APP_BACKEND"]
 if os.environ.get("HISTORY_APP_CONNECT_TIMEOUT"):  # seconds a connection attempt may take

@@ -76,6 +76,24 @@ def test_next_shows_local_and_utc_times(app_env: dict[str, str]) -> None:
     assert table[0].split() == ["#", "LOCAL", "(Asia/Tokyo)", "UTC"] and len(table) == 3
 
 
+def test_next_after_shows_an_autumn_night(app_env: dict[str, str]) -> None:
+    # A real command: a job every 5 minutes in Paris keeps running through the repeated hour of
+    # 2026-10-25 (02:00-03:00 happens twice), as cron runs such a job.
+    env = dict(app_env, HISTORY_APP_FIVE_TZ="Europe/Paris")
+    done = celery(env, "anarchon", "next", "five", "-n", "4", "--after", "2026-10-25T02:50", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [run["local"] for run in json.loads(done.stdout)] == [
+        "2026-10-25T02:55:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T02:05:00+01:00",
+        "2026-10-25T02:10:00+01:00",
+    ]
+    utc = celery(env, "anarchon", "next", "five", "-n", "1", "--after", "2026-10-25T01:02Z", "--json")
+    assert json.loads(utc.stdout)[0]["local"] == "2026-10-25T02:05:00+01:00", utc.stderr
+    bad = celery(env, "anarchon", "next", "five", "--after", "next october")
+    assert bad.returncode != 0 and "'next october' is not an ISO 8601 time" in bad.stderr, bad.stderr
+
+
 def test_jobs_lists_every_job(app_env: dict[str, str]) -> None:
     result = invoke("jobs", "--json")
     assert result.exit_code == 0, result.output

@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery.schedules import crontab, schedule, solar
+from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,7 +150,8 @@ def test_celery_crontab_needs_both_day_fields() -> None:
 
 def test_celery_crontab_forms() -> None:
     sched = parse_schedule(crontab(minute="*/15", hour="9-17", day_of_week="mon-fri"), "Europe/Paris")
-    assert sched == Cron("0,15,30,45 9,10,11,12,13,14,15,16,17 * * 1,2,3,4,5", "Europe/Paris", day_or=False)
+    spec = "0,15,30,45 9,10,11,12,13,14,15,16,17 * * 1,2,3,4,5"
+    assert sched == Cron(spec, "Europe/Paris", day_or=False, wildcard=True)  # "*/15" is a step
     got = run_times(sched, dt.datetime(2026, 1, 2, 16, 50, tzinfo=UTC), 2, "Europe/Paris")
     assert got == ["2026-01-05T09:00:00+01:00", "2026-01-05T09:15:00+01:00"]  # Friday 17:50 -> Monday
 
@@ -183,13 +185,21 @@ DST_CASES = [
         dt.datetime(2026, 3, 8, 5),
         ["2026-03-08T03:00:00-04:00", "2026-03-08T03:30:00-04:00", "2026-03-09T02:00:00-04:00"],
     ),
-    # Fall back: 03:00 -> 02:00 (Berlin), 02:00 -> 01:00 (New York). A repeated wall time runs
-    # once, at its first occurrence; the second pass of the hour has no runs.
+    # Fall back: 03:00 -> 02:00 (Berlin), 02:00 -> 01:00 (New York). A job at a fixed time of day
+    # runs once, at the first occurrence of a repeated wall time; a job with a wildcard, step or
+    # range in its minute or hour field runs by the new time at once (cron's rule), through both
+    # passes of the repeated hour.
     (
         "Europe/Berlin",
         "30 2 * * *",
         dt.datetime(2026, 10, 24, 12),
         ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"],
+    ),
+    (
+        "Europe/Berlin",
+        "0 2,14 * * *",
+        dt.datetime(2026, 10, 24, 23),
+        ["2026-10-25T02:00:00+02:00", "2026-10-25T14:00:00+01:00"],
     ),
     (
         "Europe/Berlin",
@@ -199,8 +209,44 @@ DST_CASES = [
             "2026-10-25T01:30:00+02:00",
             "2026-10-25T02:00:00+02:00",
             "2026-10-25T02:30:00+02:00",
+            "2026-10-25T02:00:00+01:00",
+            "2026-10-25T02:30:00+01:00",
             "2026-10-25T03:00:00+01:00",
         ],
+    ),
+    (
+        "Europe/Paris",
+        "*/5 * * * *",
+        dt.datetime(2026, 10, 25, 0, 50),
+        [
+            "2026-10-25T02:55:00+02:00",
+            "2026-10-25T02:00:00+01:00",
+            "2026-10-25T02:05:00+01:00",
+        ],
+    ),
+    (
+        "Europe/Paris",
+        "30 * * * *",
+        dt.datetime(2026, 10, 24, 23, 40),
+        ["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00", "2026-10-25T03:30:00+01:00"],
+    ),
+    (
+        "Europe/Paris",
+        "0 1-3 * * *",
+        dt.datetime(2026, 10, 24, 22),
+        [
+            "2026-10-25T01:00:00+02:00",
+            "2026-10-25T02:00:00+02:00",
+            "2026-10-25T02:00:00+01:00",
+            "2026-10-25T03:00:00+01:00",
+            "2026-10-26T01:00:00+01:00",
+        ],
+    ),
+    (
+        "Europe/Paris",
+        "0 3 * * *",
+        dt.datetime(2026, 10, 24, 12),
+        ["2026-10-25T03:00:00+01:00", "2026-10-26T03:00:00+01:00"],
     ),
     (
         "America/New_York",
@@ -212,7 +258,19 @@ DST_CASES = [
         "America/New_York",
         "*/30 * * * *",
         dt.datetime(2026, 11, 1, 4, 50),
-        ["2026-11-01T01:00:00-04:00", "2026-11-01T01:30:00-04:00", "2026-11-01T02:00:00-05:00"],
+        [
+            "2026-11-01T01:00:00-04:00",
+            "2026-11-01T01:30:00-04:00",
+            "2026-11-01T01:00:00-05:00",
+            "2026-11-01T01:30:00-05:00",
+            "2026-11-01T02:00:00-05:00",
+        ],
+    ),
+    (
+        "Europe/Paris",
+        "*/20 * * * * *",
+        dt.datetime(2026, 10, 25, 0, 59, 30),
+        ["2026-10-25T02:59:40+02:00", "2026-10-25T02:00:00+01:00", "2026-10-25T02:00:20+01:00"],
     ),
     # A 30-minute change.
     (
@@ -229,11 +287,55 @@ def test_dst_transitions(tz: str, spec: str, start: dt.datetime, expected: list[
     assert run_times(Cron(spec, tz), start.replace(tzinfo=UTC), len(expected), tz) == expected
 
 
-def test_start_inside_the_repeated_hour_resumes_after_it() -> None:
-    # 01:10 CET on 2026-10-25 is in the second pass of Berlin's repeated hour (02:00-03:00 wall).
+def test_a_fixed_time_job_started_in_the_repeated_hour_resumes_after_it() -> None:
+    # 01:10 UTC on 2026-10-25 is 02:10 CET, the second pass of Berlin's repeated hour (02:00-03:00
+    # wall): 02:30 ran in the first pass, and 03:00 is the next run of a job at fixed times.
+    second_pass = dt.datetime(2026, 10, 25, 1, 10, tzinfo=UTC)
+    got = run_times(Cron("30 2,3 * * *", "Europe/Berlin"), second_pass, 2, "Europe/Berlin")
+    assert got == ["2026-10-25T03:30:00+01:00", "2026-10-26T02:30:00+01:00"]
+    got = run_times(Cron("0 2,3 * * *", "Europe/Berlin"), second_pass, 1, "Europe/Berlin")
+    assert got == ["2026-10-25T03:00:00+01:00"]
+
+
+def test_a_wildcard_job_started_in_the_repeated_hour_runs_by_the_new_time() -> None:
     second_pass = dt.datetime(2026, 10, 25, 1, 10, tzinfo=UTC)
     got = run_times(Cron("*/30 * * * *", "Europe/Berlin"), second_pass, 2, "Europe/Berlin")
-    assert got == ["2026-10-25T03:00:00+01:00", "2026-10-25T03:30:00+01:00"]
+    assert got == ["2026-10-25T02:30:00+01:00", "2026-10-25T03:00:00+01:00"]
+
+
+@pytest.mark.parametrize(
+    "spec, wildcard",
+    [
+        ("*/5 * * * *", True),
+        ("30 * * * *", True),
+        ("0 1-3 * * *", True),
+        ("@hourly", True),
+        ("* 2 * * *", True),
+        ("0 */2 * * *", True),
+        ("30 2 * * *", False),
+        ("0 2,14 * * *", False),
+        ("@daily", False),
+        ("0 30 2 * * *", False),
+        ("*/10 30 2 * * *", False),  # the seconds field does not count, as cron has none
+        ("0 */5 2 * * *", True),
+    ],
+)
+def test_which_jobs_follow_the_new_time(spec: str, wildcard: bool) -> None:
+    assert Cron(spec, "Europe/Paris").wildcard is wildcard
+
+
+@pytest.mark.parametrize(
+    "entry, wildcard",
+    [
+        (crontab(minute="*/15"), True),
+        (crontab(minute=0, hour="9-17"), True),
+        (crontab(minute=0, hour=2), False),
+        (crontab(minute="0,30", hour="2"), False),
+        (crontab(minute=0, hour="*/3"), True),
+    ],
+)
+def test_a_celery_crontab_follows_the_fields_as_written(entry: crontab, wildcard: bool) -> None:
+    assert parse_schedule(entry, "Europe/Paris").wildcard is wildcard  # type: ignore[attr-defined]
 
 
 # -- properties -----------------------------------------------------------------------------------
@@ -287,12 +389,51 @@ def test_a_cron_asked_again_answers_as_a_new_one(spec: str, tz: str, day_or: boo
 
 @settings(max_examples=100, deadline=None)
 @given(SPECS, ZONES, INSTANTS)
-def test_each_wall_clock_match_fires_at_most_once(spec: str, tz: str, start: int) -> None:
-    sched = Cron(spec, tz)
+def test_each_wall_clock_match_of_a_fixed_time_job_fires_at_most_once(spec: str, tz: str, start: int) -> None:
+    sched = Cron(spec, tz, wildcard=False)
     slots = list(itertools.islice(sched.slots(start, start + 3 * 86_400_000), 300))
     assert slots == sorted(set(slots))
     walls = [from_ms(s).astimezone(ZoneInfo(tz)).replace(tzinfo=None) for s in slots]
     assert len(walls) == len(set(walls))
+
+
+TRANSITIONS = st.sampled_from(
+    [
+        ("Europe/Paris", at(2026, 10, 25, 1)),
+        ("Europe/Paris", at(2027, 3, 28, 1)),
+        ("America/New_York", at(2026, 11, 1, 6)),
+        ("America/New_York", at(2026, 3, 8, 7)),
+        ("Australia/Lord_Howe", at(2026, 4, 4, 15)),
+        ("Australia/Lord_Howe", at(2026, 10, 3, 15, 30)),
+    ]
+)
+MINUTE_SPECS = st.sampled_from(["* * * * *", "*/7 * * * *", "*/5 * * * *", "15,45 * * * *", "0 1-3 * * *", "@hourly"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(MINUTE_SPECS, TRANSITIONS, st.integers(min_value=-4 * 60, max_value=60))
+def test_a_wildcard_job_runs_at_every_instant_whose_wall_time_matches(
+    spec: str, change: tuple[str, int], minutes: int
+) -> None:
+    # Checked minute by minute against croniter's own match, around a change of either kind: a
+    # wildcard job's slots are the instants whose wall time (as the clock shows it then) matches,
+    # with the matches inside a spring-forward gap moved to the first instant after it.
+    tz, at_change = change
+    sched = Cron(spec, tz)
+    start = at_change + minutes * 60_000
+    end = start + 6 * 3_600_000
+    expected = []
+    zone = ZoneInfo(tz)
+    for minute in range(start - start % 60_000 + 60_000, end, 60_000):
+        wall = from_ms(minute).astimezone(zone).replace(tzinfo=None)
+        before = from_ms(minute - 60_000).astimezone(zone).replace(tzinfo=None)
+        jumped = wall - before > dt.timedelta(minutes=1)
+        skipped = jumped and any(
+            croniter.match(spec, before + dt.timedelta(minutes=k)) for k in range(1, (wall - before).seconds // 60)
+        )
+        if croniter.match(spec, wall) or skipped:
+            expected.append(minute)
+    assert list(sched.slots(start + 1, end)) == expected
 
 
 @settings(max_examples=200, deadline=None)
