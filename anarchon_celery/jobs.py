@@ -356,11 +356,10 @@ def cron(
     the other arguments are the per-job keys, defaulting to the ``anarchon_*`` settings. Several
     ``@cron`` on one task make several jobs (give them distinct names).
     """
-    for key in refused:
-        raise _unknown_key_error(name or f"@cron({spec!r})", key)
-    if isinstance(spec, str):
-        Cron(spec, "UTC")  # a typo in a spec fails at import, not at scheduler start
-    entry: dict[str, Any] = {"schedule": spec, "args": tuple(args), "kwargs": dict(kwargs or {}), "_name": name}
+    # Checked with the app's other jobs (collect_jobs), not here: an error raised while Celery
+    # imports the app's modules is shown as "Unable to load celery application" and a traceback,
+    # where beat, the worker and `celery anarchon` show a job's error as one line naming it.
+    entry: dict[str, Any] = {"schedule": spec, "args": args, "kwargs": kwargs or {}, "_name": name, **refused}
     for key, value in (
         ("tz", tz),
         ("jitter_ms", jitter_ms),

@@ -1,5 +1,6 @@
-"""A Celery app for the history and command-line tests. It never imports anarchon_celery itself:
-the worker side is enabled by Celery's ``imports`` setting, as documented."""
+"""A Celery app for the history and command-line tests. It does not import anarchon_celery itself
+(but for HISTORY_APP_BAD_CRON's job): the worker side is enabled by Celery's ``imports`` setting,
+as documented."""
 
 from __future__ import annotations
 
@@ -65,3 +66,11 @@ def boom() -> None:
 @app.task(name="history_app.sleepy", shared=False)
 def sleepy() -> None:
     time.sleep(120)
+
+
+if os.environ.get("HISTORY_APP_BAD_CRON"):  # a @cron with an option that is refused
+    import anarchon_celery
+
+    @anarchon_celery.cron("* * * * *", catch_up=True)
+    @app.task(name="history_app.caught", shared=False)
+    def caught() -> None: ...

@@ -94,6 +94,15 @@ def test_next_after_shows_an_autumn_night(app_env: dict[str, str]) -> None:
     assert bad.returncode != 0 and "'next october' is not an ISO 8601 time" in bad.stderr, bad.stderr
 
 
+def test_a_refused_cron_option_is_one_line_naming_the_job(app_env: dict[str, str]) -> None:
+    done = celery(dict(app_env, HISTORY_APP_BAD_CRON="1"), "anarchon", "jobs")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "Error: job 'caught': catch_up is not available: catch-up replays the runs missed: anarchon_celery "
+        "does not offer it yet"
+    ]
+
+
 def test_jobs_lists_every_job(app_env: dict[str, str]) -> None:
     result = invoke("jobs", "--json")
     assert result.exit_code == 0, result.output

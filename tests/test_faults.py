@@ -236,8 +236,9 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
         ({"HISTORY_APP_BACKEND": url_with(password="s3cret-wrong")}, "refused the login of user 'guest'"),
         ({"HISTORY_APP_BACKEND": url_with(vhost="no-such-vhost")}, "has no vhost 'no-such-vhost'"),
         ({"HISTORY_APP_BAD": "1"}, "job 'bad': invalid cron spec '61 * * * *'"),
+        ({"HISTORY_APP_BAD_CRON": "1"}, "job 'caught': catch_up is not available"),
     ],
-    ids=["password", "vhost", "config"],
+    ids=["password", "vhost", "config", "cron"],
 )
 def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
     beat_env: dict[str, str], tmp_path: Path, setting: dict[str, str], expected: str

@@ -289,11 +289,30 @@ def test_two_jobs_with_one_name_are_refused() -> None:
         jobs_of(app)
 
 
-def test_cron_decorator_fails_early_on_a_bad_spec_or_option() -> None:
-    with pytest.raises(ConfigError, match="invalid cron spec"):
-        anarchon_celery.cron("* * * * * * * *")
-    with pytest.raises(ConfigError, match="^@cron\\('\\* \\* \\* \\* \\*'\\): catch_up is not available"):
-        anarchon_celery.cron("* * * * *", catch_up=True)
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"spec": "* * * * * * * *"}, "^job 'bad': invalid cron spec"),
+        ({"spec": "* * * * *", "catch_up": True}, "^job 'bad': catch_up is not available"),
+        ({"spec": "* * * * *", "jiter_ms": 5}, "^job 'bad': unknown key 'jiter_ms'. Did you mean 'jitter_ms'"),
+        ({"spec": "* * * * *", "args": 42}, "^job 'bad': args must be a list or tuple"),
+        ({"spec": "* * * * *", "name": "no good"}, "^job name 'no good' is invalid"),
+    ],
+)
+def test_a_bad_cron_fails_with_the_apps_other_jobs_naming_its_job(arguments: dict[str, Any], message: str) -> None:
+    # Not at import, where Celery would show it inside "Unable to load celery application" with
+    # a traceback: when the jobs are read (beat's start, `celery anarchon`), as one line.
+    app = make_app()
+
+    @anarchon_celery.cron(**arguments)
+    @app.task(name="tasks.bad", shared=False)
+    def bad() -> None: ...
+
+    with pytest.raises(ConfigError, match=message):
+        jobs_of(app)
+
+
+def test_cron_must_decorate_a_task() -> None:
     with pytest.raises(ConfigError, match="must decorate a Celery task"):
         anarchon_celery.cron("* * * * *")(42)
 
