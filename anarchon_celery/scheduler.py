@@ -148,7 +148,9 @@ class Scheduler(beat.Scheduler):
         for job in self.jobs.values():
             if reachable and job.history_size:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
-            self._push(job, job.next_slot(start - 1))
+            # From the runs still within their lateness: a run due while no instance was up (a
+            # deploy that stopped them all) is claimed like any late run, decided once as ever.
+            self._push(job, job.next_slot(start - job.max_late_ms - 1))
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
         if reachable and backend.leases:

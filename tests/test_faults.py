@@ -443,3 +443,31 @@ def test_a_rolling_deploy_that_changes_a_time_zone_is_reported_by_both_sides(
     assert "cron '0 3 * * *' Europe/Paris here, cron '0 3 * * *' Asia/Tokyo there" in new, new[-3000:]
     for text in (old, new):
         assert text.count("is defined differently") == 1  # once, and only for the job that differs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", ["rabbitmq", "sqlite"])
+def test_a_run_due_while_every_beat_was_down_is_sent_by_the_first_one_back(
+    beat_env: dict[str, str], tmp_path: Path, broker_url: str, prefix: str, store: str
+) -> None:
+    # No beat runs across a slot (a deploy that stops them all first, a node drain); one starts
+    # 1 to 3 s after it, well within the run's lateness (15 s; the slot before is past its own): it
+    # claims and sends that run.
+    every_ms = 20_000
+    env = dict(beat_env, HISTORY_APP_EVERY=str(every_ms // 1000), HISTORY_APP_MAX_LATE_MS="15000")
+    if store == "sqlite":
+        env["HISTORY_APP_BACKEND"] = f"sqlite:///{tmp_path / 'anarchon.db'}"
+    while not 1_000 <= time.time() * 1000 % every_ms <= 3_000:
+        time.sleep(0.05)
+    missed = int(time.time() * 1000) // every_ms * every_ms
+    log = tmp_path / "beat.log"
+    beat = start_beat(env, log)
+    try:
+        wait_for(log, f"slot {missed + every_ms}: won, sent", beat)  # the first run due while it is up
+        beat.send_signal(signal.SIGTERM)
+        assert beat.wait(30) == 0
+    finally:
+        kill(beat)
+    text = log.read_text(errors="replace")
+    assert f"anarchon: job 'every' slot {missed}: won, sent" in text, text[-3000:]
+    assert sent_slots(broker_url, f"{prefix}tasks") == [missed, missed + every_ms]
