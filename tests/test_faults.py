@@ -194,7 +194,11 @@ def test_a_stop_takes_effect_at_once_while_the_broker_is_unreachable(
         assert status == 0
         text = log.read_text(errors="replace")
         assert "anarchon: stop requested" in text[seen:]
-        assert "anarchon: stopping now" in text[seen:]
+        # A claim held by a silent broker is cut off at the end of the grace; one on a refused
+        # connection may also end by itself within it (tried again with back-off for a few seconds,
+        # then given up, undecided).
+        ends = ["anarchon: stopping now"] + (["the runs in progress are done"] if outage == "refused" else [])
+        assert any(end in text[seen:] for end in ends), text[seen:][-2000:]
         assert "Traceback" not in text
     finally:
         kill(beat)
