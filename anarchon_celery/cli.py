@@ -364,6 +364,20 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
         ctx.exit(1)
 
 
+@anarchon.command()
+@click.pass_context
+@_fail_cleanly
+def schema(ctx: click.Context) -> None:
+    """Print the SQL that makes the tables of the app's store (PostgreSQL, SQLite), for a DBA who
+    makes them rather than grant CREATE to the backend's user. It connects to nothing."""
+    with _deployment(ctx) as deployment:
+        backend = deployment.backend
+        ddl = getattr(backend, "schema_sql", None)
+        if ddl is None:
+            raise click.ClickException(f"{backend.describe()} keeps no tables: there is no SQL to run")
+        click.echo(ddl().rstrip())
+
+
 @anarchon.command(
     epilog="Examples: `celery -A proj anarchon prune` (on the broker's host), then `... prune --yes`; "
     "`... prune --rabbitmqctl 'ssh rabbit.internal sudo rabbitmqctl'`; `... prune old-report --yes`."

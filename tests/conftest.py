@@ -50,6 +50,17 @@ def prefix(broker_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
+    """The environment of a beat of tests.history_app under this test's prefix (a job every 2 s),
+    with its task queue declared as a worker would."""
+    from kombu import Exchange, Queue
+
+    with Connection(broker_url) as conn:
+        Queue(f"{prefix}tasks", Exchange(f"{prefix}tasks"), f"{prefix}tasks")(conn.default_channel).declare()
+    yield dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_PREFIX=prefix, HISTORY_APP_EVERY="2")
+
+
+@pytest.fixture
 def connection(broker_url: str) -> Iterator[Connection]:
     with Connection(broker_url) as conn:
         conn.ensure_connection(max_retries=1)

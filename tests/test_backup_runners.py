@@ -21,14 +21,12 @@ from kombu import Connection
 from anarchon_celery import task_id_for
 
 from .stores import delete_postgres_rows, delete_redis_keys
-from .test_faults import (  # noqa: F401 - beat_env: a fixture
+from .test_faults import (
     APP,
     ROOT,
     Fleet,
     assert_each_run_once,
-    beat_env,
     kill,
-    start_beat,
     wait_for,
 )
 
@@ -127,7 +125,7 @@ def _stop(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_winner_killed_after_its_claim_loses_no_run(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     lease_store: str,
     broker_url: str,
     prefix: str,
@@ -155,7 +153,7 @@ def test_a_winner_killed_after_its_claim_loses_no_run(
 
 @pytest.mark.timeout(180)
 def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     lease_store: str,
     broker_url: str,
     prefix: str,
@@ -202,7 +200,7 @@ def _worker(env: dict[str, str], log: Path) -> object:
 )
 def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
     fault: str,
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     lease_store: str,
     broker_url: str,
     prefix: str,

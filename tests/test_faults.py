@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from demo import start_celery
-from kombu import Connection, Exchange, Queue
+from kombu import Connection
 
 from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl, url_with
 from .proxy import Proxy, free_port
@@ -24,13 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.history_app"
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
-
-
-@pytest.fixture
-def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
-    with Connection(broker_url) as conn:  # the task queue, as a worker would declare it
-        Queue(f"{prefix}tasks", Exchange(f"{prefix}tasks"), f"{prefix}tasks")(conn.default_channel).declare()
-    yield dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_PREFIX=prefix, HISTORY_APP_EVERY="2")
 
 
 def start_beat(env: dict[str, str], log: Path, app: str = APP) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ from anarchon_celery.settings import Settings
 
 from .redis_servers import SentinelGroup
 from .test_backup_runners import _tokens
-from .test_faults import Fleet, assert_each_run_once, beat_env  # noqa: F401 - beat_env: a fixture
+from .test_faults import Fleet, assert_each_run_once
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://:s3cret@10.0.0.2:26380/2"
 
@@ -91,7 +91,7 @@ def test_an_apps_sentinel_broker_decides_the_runs_on_its_master() -> None:
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_a_sentinel_failover_under_running_beats_loses_and_doubles_no_run(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from anarchon_celery import BrokerUnavailable, Claim, ConfigError, Outcome, SQLiteBackend
+from anarchon_celery import BrokerRefused, BrokerUnavailable, Claim, ConfigError, Outcome, SQLiteBackend
 from anarchon_celery.backends.sqlite import network_file_system, sqlite_path
 from anarchon_celery.backends.store import EARLY_WAIT_MS
 
@@ -87,11 +87,26 @@ def test_a_locked_database_leaves_runs_away_and_says_when_it_is_back(
 
 def test_a_database_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
     backend = SQLiteBackend(tmp_path / "no" / "such" / "dir" / "a.db")
-    with pytest.raises(BrokerUnavailable, match=r"cannot open SQLite database .*/no/such/dir/a.db"):
+    # Neither can succeed by trying again: refused (beat stops at start), with what to do.
+    with pytest.raises(BrokerRefused, match=r"cannot open SQLite database .*/no/such/dir/a.db: .*does not exist"):
         backend.open()
     (tmp_path / "not-a-db").write_bytes(b"this is no database, and it is long enough to be read as a header" * 10)
-    with pytest.raises(BrokerUnavailable, match="not-a-db"):
+    with pytest.raises(BrokerRefused, match="not-a-db: file is not a database"):
         SQLiteBackend(tmp_path / "not-a-db").open()
+
+
+def test_a_locked_database_is_an_outage_not_a_refusal(tmp_path: Path) -> None:
+    backend = _open(tmp_path / "a.db")
+    backend.timeout = 0.2
+    holder = sqlite3.connect(tmp_path / "a.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(BrokerUnavailable, match="database is locked"):
+            backend.check_claims()
+    finally:
+        holder.rollback()
+        holder.close()
+        backend.close()
 
 
 def test_history_is_trimmed_to_about_its_size(tmp_path: Path) -> None:

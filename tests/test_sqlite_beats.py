@@ -11,14 +11,14 @@ import pytest
 
 from anarchon_celery import SQLiteBackend
 
-from .test_faults import Fleet, assert_each_run_once, beat_env, sent_slots  # noqa: F401 - beat_env: a fixture
+from .test_faults import Fleet, assert_each_run_once, sent_slots
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
 
 @pytest.mark.timeout(180)
 def test_three_beats_on_one_sqlite_file_send_every_run_once(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,
@@ -44,7 +44,7 @@ def test_three_beats_on_one_sqlite_file_send_every_run_once(
 
 @pytest.mark.timeout(180)
 def test_beats_whose_clocks_are_a_minute_off_never_win_a_run(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,

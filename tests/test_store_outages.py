@@ -20,7 +20,7 @@ from . import postgres_servers
 from .redis_servers import OwnRedisServer
 from .stores import delete_postgres_rows
 from .test_backup_runners import _tokens
-from .test_faults import Fleet, assert_each_run_once, beat_env  # noqa: F401 - beat_env: a fixture
+from .test_faults import Fleet, assert_each_run_once
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -82,7 +82,7 @@ def _run_through_an_outage(
 @pytest.mark.parametrize("fault", ["killed", "stopped"])
 def test_runs_due_while_redis_is_away_are_each_sent_once(
     fault: str,
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,
@@ -121,7 +121,7 @@ def test_runs_due_while_redis_is_away_are_each_sent_once(
 
 @pytest.mark.timeout(180)
 def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     postgres_url: str,
     broker_url: str,
     prefix: str,
@@ -147,7 +147,7 @@ def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
 
 @pytest.mark.timeout(180)
 def test_runs_due_while_sqlite_is_locked_are_each_sent_once(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,
@@ -188,7 +188,7 @@ if os.name != "posix":  # pragma: no cover
 
 @pytest.mark.timeout(180)
 def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,
@@ -229,7 +229,7 @@ def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
 
 @pytest.mark.timeout(240)
 def test_a_postgres_failover_to_a_synchronous_standby_loses_and_doubles_no_run(
-    beat_env: dict[str, str],  # noqa: F811 - the fixture
+    beat_env: dict[str, str],
     broker_url: str,
     prefix: str,
     tmp_path: Path,

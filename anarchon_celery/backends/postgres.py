@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import BrokerUnavailable, ConfigError
+from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend, _first_line, _Placeholders
@@ -119,7 +119,7 @@ class PostgresBackend(SqlBackend):
         self.url = url
         self._psycopg = psycopg
         self.answer_lost_errors = (psycopg.OperationalError,)  # the connection went: a commit's answer too
-        self.failure_errors = (psycopg.Error, BrokerUnavailable)
+        self.failure_errors = (psycopg.Error, BrokerUnavailable, BrokerRefused)
         self._lock = threading.RLock()
         self._db: Any = None
         self._pid = 0
@@ -151,7 +151,13 @@ class PostgresBackend(SqlBackend):
         try:
             db = psycopg.connect(self.url, **self._connect_options())
         except psycopg.Error as exc:
-            raise BrokerUnavailable(f"{self.describe()} does not answer ({_first_line(exc)})") from exc
+            text = _first_line(exc)
+            if _LOGIN_REFUSED.search(str(exc)):
+                raise BrokerRefused(
+                    f"{self.describe()} refused the connection ({text}): fix the user, password or "
+                    "database in the URL, or the server's pg_hba.conf"
+                ) from exc
+            raise BrokerUnavailable(f"{self.describe()} does not answer ({text})") from exc
         try:
             if not _schema_complete(db):
                 with db.transaction():
@@ -168,7 +174,7 @@ class PostgresBackend(SqlBackend):
             db.commit()
         except psycopg.Error as exc:
             db.close()
-            raise BrokerUnavailable(f"{self.describe()} cannot keep anarchon's tables: {_first_line(exc)}") from exc
+            raise self._unusable("keep anarchon's tables", exc) from exc
         self._version = f"PostgreSQL {settings.get('server_version', '?')}"
         if settings.get("synchronous_commit") == "off":
             logger.warning(
@@ -307,7 +313,29 @@ class PostgresBackend(SqlBackend):
                 db.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = %s FOR UPDATE", (self.prefix,))
                 db.execute("DELETE FROM anarchon_runs WHERE false")
         except self._psycopg.Error as exc:
-            raise BrokerUnavailable(f"{self.describe()} cannot decide claims: {_first_line(exc)}") from exc
+            raise self._unusable("decide claims", exc) from exc
+
+    def schema_sql(self) -> str:
+        """The SQL that makes anarchon's tables, for a DBA who makes them instead of the backend's
+        user, with the rights that user needs then."""
+        return (
+            "-- anarchon_celery's tables (PostgreSQL), in the schema the backend's user connects to.\n"
+            "-- Its user then needs, with USER its name:\n"
+            "--   GRANT SELECT, INSERT, UPDATE, DELETE ON anarchon_jobs, anarchon_runs, anarchon_events,\n"
+            "--     anarchon_peers TO USER;\n"
+            "--   GRANT USAGE ON SEQUENCE anarchon_events_id_seq, anarchon_peers_id_seq TO USER;" + _TABLES
+        )
+
+    def _unusable(self, doing: str, exc: BaseException) -> BrokerError:
+        """BrokerRefused for a missing right, which only a grant fixes; else BrokerUnavailable."""
+        text = f"{self.describe()} cannot {doing}: {_first_line(exc)}"
+        if isinstance(exc, self._psycopg.errors.InsufficientPrivilege):
+            return BrokerRefused(
+                f"{text}. Its user needs CREATE on the schema, once, to make anarchon's tables; or a "
+                "DBA makes them with the SQL that 'celery -A proj anarchon schema' prints, which also "
+                "lists the rights the user then needs"
+            )
+        return BrokerUnavailable(text)
 
     def describe(self) -> str:
         return f"PostgreSQL at {_shown(self.url)} (prefix {self.prefix!r})"
@@ -334,6 +362,14 @@ class PostgresBackend(SqlBackend):
                     with contextlib.suppress(Exception):
                         connection.close()
             self._db = self._listener = None
+
+
+#: The server's FATAL answers to a connection that only a change of configuration fixes (libpq
+#: gives them no SQLSTATE, only their text; these are the server's English messages).
+_LOGIN_REFUSED = re.compile(
+    r"FATAL:.*(password authentication failed|authentication failed|role \S+ does not exist|"
+    r"database \S+ does not exist|no pg_hba\.conf entry|permission denied for database|not permitted to log in)"
+)
 
 
 def _schema_complete(db: Any) -> bool:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import BrokerUnavailable, ConfigError
+from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
@@ -112,6 +112,12 @@ class RedisBackend(StoreBackend):
         self.client = client
         self._errors: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._refused = redis.ResponseError
+        #: Refusals that may pass by themselves: a read-only replica in a failover, out of memory.
+        self._passing: tuple[type[BaseException], ...] = (
+            redis.exceptions.ReadOnlyError,
+            *((redis.exceptions.OutOfMemoryError,) if hasattr(redis.exceptions, "OutOfMemoryError") else ()),
+        )
+        self._login_refused = redis.AuthenticationError
         self.answer_lost_errors = (*self._errors, NotReplicated)
         self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
         self._claim_script = client.register_script(CLAIM)
@@ -138,10 +144,15 @@ class RedisBackend(StoreBackend):
             return
         try:
             info = self.client.info("server")
+        except self._login_refused as exc:  # a ConnectionError to redis-py, but no outage
+            raise BrokerRefused(
+                f"{self.describe()} refused the login: {exc}. Give the right password (and user) in "
+                "the URL, redis://[USER]:PASSWORD@host:6379/0"
+            ) from exc
         except self._errors as exc:
             raise BrokerUnavailable(f"{self.describe()} does not answer ({type(exc).__name__}: {exc})") from exc
         except self._refused as exc:
-            raise BrokerUnavailable(f"{self.describe()} refused us: {exc}") from exc
+            raise self._refusal("serve this backend", exc) from exc
         version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2] if part.isdigit())
         if version < (5, 0):
             found = info.get("redis_version")
@@ -371,8 +382,21 @@ class RedisBackend(StoreBackend):
         try:
             self._claim_script(args=[self.prefix, "check", self.slot_ttl_ms, "0", self.lease_ms])
             self.client.set(f"{self.prefix}check", b"1", px=1000)
-        except (self._refused, *self._errors) as exc:
+        except self._refused as exc:
+            raise self._refusal("decide claims", exc) from exc
+        except self._errors as exc:
             raise BrokerUnavailable(f"{self.describe()} cannot decide claims: {exc}") from exc
+
+    def _refusal(self, doing: str, exc: BaseException) -> BrokerError:
+        """An error Redis answered with: BrokerRefused unless it may pass by itself (a replica
+        read-only during a failover, memory full)."""
+        text = f"{self.describe()} cannot {doing}: {exc}"
+        if isinstance(exc, self._passing):
+            return BrokerUnavailable(text)
+        return BrokerRefused(
+            f"{text}. Its user needs scripts and every command on the keys and channels under the "
+            f"prefix (the ACL '+@all ~{self.prefix}* &{self.prefix}*', or more)"
+        )
 
     def store_version(self) -> str:
         """What the store is, for ``check`` (after :meth:`open`)."""

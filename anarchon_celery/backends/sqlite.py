@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import BrokerUnavailable, ConfigError
+from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend
@@ -81,6 +81,38 @@ CREATE TABLE IF NOT EXISTS anarchon_peers (
     at_ms INTEGER NOT NULL
 );
 """
+
+
+#: SQLite's primary result codes that trying again cannot cure: SQLITE_PERM, SQLITE_READONLY,
+#: SQLITE_CORRUPT, SQLITE_CANTOPEN, SQLITE_AUTH, SQLITE_NOTADB.
+_PERMANENT_CODES = frozenset({3, 8, 11, 14, 23, 26})
+
+
+def _why_not_writable(path: str) -> str:
+    """What stands between this process and writing ``path`` and its journal beside it."""
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        return f"the directory {folder} does not exist: create it, or give another path"
+    if hasattr(os, "statvfs") and os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return f"{folder} is on a read-only file system: put the database on a writable local disk"
+    user = _user()
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (
+            f"user {user} may not write in {folder}, where SQLite keeps the database's -wal and -shm "
+            "files beside it: give it that right, or another path"
+        )
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return f"user {user} may not read and write {path}: give it that right"
+    return "fix the file (or give another path) and start again"
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
 
 
 def sqlite_path(url: str) -> str:
@@ -154,7 +186,7 @@ class SQLiteBackend(SqlBackend):
     """
 
     clock_name = "the database's clock"
-    failure_errors = (sqlite3.Error, BrokerUnavailable)
+    failure_errors = (sqlite3.Error, BrokerUnavailable, BrokerRefused)
     now_sql = _NOW
 
     def __init__(
@@ -167,7 +199,10 @@ class SQLiteBackend(SqlBackend):
         lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
         super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
-        self.path = os.fspath(path)
+        given = os.fspath(path)
+        #: Resolved once, here: instances started from other directories must not open other files.
+        self.path = os.path.abspath(given)
+        self._relative = None if os.path.isabs(given) else given
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
@@ -182,12 +217,22 @@ class SQLiteBackend(SqlBackend):
     # -- the connection -------------------------------------------------------------------------
 
     def open(self) -> None:
+        if self._relative is not None:
+            logger.warning(
+                "anarchon: the SQLite path %r is relative: this process opens %s (from its working "
+                "directory); an instance started elsewhere would open another file and run every job "
+                "again. Give an absolute path: sqlite:///%s",
+                self._relative,
+                self.path,
+                self.path,
+            )
+            self._relative = None
         with self._lock:
             self._connection()
 
     def _connection(self) -> sqlite3.Connection:
         """The open database (opened, or opened again in a forked child, whose parent's
-        connection must not be used). Raises BrokerUnavailable or ConfigError."""
+        connection must not be used). Raises BrokerUnavailable, BrokerRefused or ConfigError."""
         if self._db is not None and self._pid == os.getpid():
             return self._db
         self._db = None
@@ -201,7 +246,7 @@ class SQLiteBackend(SqlBackend):
         try:
             db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise BrokerUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+            raise self._unusable("open", exc) from exc
         try:
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -221,7 +266,7 @@ class SQLiteBackend(SqlBackend):
                 )
         except sqlite3.Error as exc:
             db.close()
-            raise BrokerUnavailable(f"cannot use SQLite database {self.path}: {exc}") from exc
+            raise self._unusable("use", exc) from exc
         except ConfigError:
             db.close()
             raise
@@ -309,7 +354,23 @@ class SQLiteBackend(SqlBackend):
             with self._transaction() as db:
                 db.execute("DELETE FROM anarchon_runs WHERE 0")
         except sqlite3.Error as exc:
-            raise BrokerUnavailable(f"cannot write to SQLite database {self.path}: {exc}") from exc
+            raise self._unusable("write to", exc) from exc
+
+    def schema_sql(self) -> str:
+        """The SQL that makes anarchon's tables (the backend makes them itself in a new file)."""
+        return (
+            "-- anarchon_celery's tables (SQLite); the backend makes them in a new file itself.\n"
+            + _TABLES.strip()
+            + "\n"
+        )
+
+    def _unusable(self, doing: str, exc: sqlite3.Error) -> BrokerError:
+        """BrokerRefused when only a change of configuration helps (no such directory, no right
+        to write, not a database), else BrokerUnavailable (locked, busy: tried again)."""
+        text = f"cannot {doing} SQLite database {self.path}: {exc}"
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _PERMANENT_CODES:
+            return BrokerUnavailable(text)
+        return BrokerRefused(f"{text}: {_why_not_writable(self.path)}")
 
     def store_version(self) -> str:
         """What the store is, for ``check``."""

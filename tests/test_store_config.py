@@ -1,0 +1,232 @@
+"""A store that can never serve the backend as configured (no such directory, a read-only file
+system, a refused login, no right to make the tables) stops `celery beat` at start, in one line
+naming the fix, as a refused RabbitMQ login does; a store that does not answer is waited for. And
+the SQL a DBA runs instead of granting CREATE, run for real."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from demo import start_celery
+
+from .stores import delete_postgres_rows, delete_redis_keys
+from .test_faults import ROOT, kill, start_beat, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.processes]
+
+
+def stopped_in_one_line(env: dict[str, str], tmp_path: Path, expected: str) -> str:
+    """Start a beat with ``env``: it must exit 1 with one CRITICAL line holding ``expected``."""
+    log = tmp_path / "beat.log"
+    beat = start_beat(env, log)
+    try:
+        status = beat.wait(60)
+    finally:
+        kill(beat)
+    text = log.read_text(errors="replace")
+    assert status == 1, text[-3000:]
+    lines = [line for line in text.splitlines() if "CRITICAL/" in line]
+    assert len(lines) == 1 and expected in lines[0] and "beat is not started" in lines[0], text[-3000:]
+    assert "Traceback" not in text and "ready as" not in text
+    return lines[0]
+
+
+def check_fails(env: dict[str, str], expected: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1 and expected in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_sqlite_file_in_a_missing_directory(beat_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(beat_env, HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'missing' / 'anarchon.db'}")
+    line = stopped_in_one_line(env, tmp_path, f"the directory {tmp_path / 'missing'} does not exist: create it")
+    assert "cannot open SQLite database" in line
+    check_fails(env, "does not exist")
+
+
+@contextlib.contextmanager
+def read_only_folder(path: Path) -> Iterator[Path]:
+    """A tmpfs at ``path`` holding an anarchon database, then mounted read-only (needs root)."""
+    path.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], capture_output=True, check=False
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
+    try:
+        from anarchon_celery.backends.sqlite import SQLiteBackend
+
+        backend = SQLiteBackend(path / "anarchon.db")
+        backend.open()
+        backend.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_sqlite_file_on_a_read_only_file_system(beat_env: dict[str, str], tmp_path: Path) -> None:
+    with read_only_folder(tmp_path / "ro") as folder:
+        env = dict(beat_env, HISTORY_APP_BACKEND=f"sqlite:///{folder / 'anarchon.db'}")
+        stopped_in_one_line(env, tmp_path, f"{folder} is on a read-only file system")
+
+
+@pytest.mark.timeout(120)
+def test_a_relative_sqlite_path_is_shown_absolute(beat_env: dict[str, str], tmp_path: Path) -> None:
+    # Two beats started from two directories would open two files: each says which it opens.
+    (tmp_path / "here" / "state").mkdir(parents=True)
+    env = dict(beat_env, HISTORY_APP_BACKEND="sqlite:///state/anarchon.db")
+    log = tmp_path / "beat.log"
+    beat = start_celery(
+        ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="],
+        log,
+        env,
+        app="tests.history_app",
+        cwd=tmp_path / "here",
+    )
+    try:
+        wait_for(log, "anarchon: ready as", beat)
+    finally:
+        kill(beat)
+    absolute = tmp_path / "here" / "state" / "anarchon.db"
+    text = log.read_text(errors="replace")
+    assert f"the SQLite path 'state/anarchon.db' is relative: this process opens {absolute}" in text
+    assert f"Give an absolute path: sqlite:///{absolute}" in text
+    assert f"SQLite database {absolute} (prefix" in text  # every later line names the file itself
+    assert absolute.exists()
+
+
+@pytest.fixture
+def redis_user(redis_url: str) -> Iterator[str]:
+    """A Redis ACL user of this test's own, with the password 's3cret', allowed no keys at all."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    user = f"anarchon-{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, passwords=["+s3cret"], commands=["+@all"], keys=[])
+    try:
+        yield user
+    finally:
+        client.acl_deluser(user)
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_wrong_redis_password(beat_env: dict[str, str], tmp_path: Path, redis_user: str, redis_url: str) -> None:
+    url = redis_url.replace("redis://", f"redis://{redis_user}:wrong-pw@", 1)
+    env = dict(beat_env, HISTORY_APP_BACKEND=url)
+    line = stopped_in_one_line(env, tmp_path, "refused the login")
+    assert "Give the right password" in line
+    assert "wrong-pw" not in (tmp_path / "beat.log").read_text(errors="replace")
+    check_fails(env, "refused the login")
+
+
+@pytest.mark.timeout(120)
+def test_a_redis_user_without_rights_on_the_keys(
+    beat_env: dict[str, str], tmp_path: Path, redis_user: str, redis_url: str
+) -> None:
+    url = redis_url.replace("redis://", f"redis://{redis_user}:s3cret@", 1)
+    prefix = beat_env["HISTORY_APP_PREFIX"]
+    try:
+        line = stopped_in_one_line(dict(beat_env, HISTORY_APP_BACKEND=url), tmp_path, "cannot decide claims")
+        assert f"'+@all ~{prefix}* &{prefix}*'" in line, line
+    finally:
+        delete_redis_keys(redis_url, prefix)
+
+
+@pytest.mark.timeout(120)
+def test_a_store_that_does_not_answer_is_waited_for(beat_env: dict[str, str], tmp_path: Path) -> None:
+    from .proxy import free_port
+
+    env = dict(beat_env, HISTORY_APP_BACKEND=f"redis://127.0.0.1:{free_port()}/0")
+    log = tmp_path / "beat.log"
+    beat = start_beat(env, log)
+    try:
+        wait_for(log, "not ready: waiting for", beat)  # and it does not exit
+        time.sleep(1)
+        assert beat.poll() is None
+    finally:
+        kill(beat)
+
+
+@pytest.fixture
+def limited_role(postgres_url: str) -> Iterator[tuple[str, str]]:
+    """A PostgreSQL role of this test's own, whose schema (its search path) it may use but not
+    create in: (its URL, the schema)."""
+    import psycopg
+
+    name = f"anarchon_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute(f"CREATE ROLE {name} LOGIN")
+        db.execute(f"CREATE SCHEMA {name}")
+        db.execute(f"GRANT USAGE ON SCHEMA {name} TO {name}")
+        db.execute(f"ALTER ROLE {name} SET search_path = {name}")
+    try:
+        yield _as_user(postgres_url, name), name
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {name} CASCADE")
+            db.execute(f"DROP OWNED BY {name}")
+            db.execute(f"DROP ROLE {name}")
+
+
+def _as_user(url: str, user: str) -> str:
+    """``url`` with another user (and no password: the suite's server trusts local users)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{user}@{rest.split('@', 1)[-1]}"
+
+
+@pytest.mark.timeout(180)
+def test_a_postgres_user_without_create_and_the_sql_a_dba_runs_instead(
+    beat_env: dict[str, str], tmp_path: Path, limited_role: tuple[str, str], postgres_url: str
+) -> None:
+    import psycopg
+
+    url, schema = limited_role
+    env = dict(beat_env, HISTORY_APP_BACKEND=url, HISTORY_APP_EVERY="1")
+    line = stopped_in_one_line(env, tmp_path, "cannot keep anarchon's tables: permission denied for schema")
+    assert "'celery -A proj anarchon schema'" in line
+    # The DBA runs what `schema` prints, in the user's schema, and grants what it says.
+    printed = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "schema"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    grants = [line.lstrip("- ").strip() for line in printed.splitlines() if line.startswith("--   ")]
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute(f"SET search_path = {schema}")
+        db.execute(printed)
+        db.execute(" ".join(grants).replace("USER", schema))
+    log = tmp_path / "again.log"
+    beat = start_beat(env, log)
+    try:
+        wait_for(log, "won, sent", beat)
+    finally:
+        kill(beat)
+        delete_postgres_rows(url, beat_env["HISTORY_APP_PREFIX"])
+
+
+@pytest.mark.timeout(120)
+def test_a_postgres_role_that_does_not_exist(beat_env: dict[str, str], tmp_path: Path, postgres_url: str) -> None:
+    url = _as_user(postgres_url, "no_such_role")
+    stopped_in_one_line(dict(beat_env, HISTORY_APP_BACKEND=url), tmp_path, 'role "no_such_role" does not exist')
