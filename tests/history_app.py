@@ -68,6 +68,11 @@ def sleepy() -> None:
     time.sleep(120)
 
 
+if os.environ.get("HISTORY_APP_OUTAGE_REMINDER_S"):  # an outage reminded sooner than every minute
+    from anarchon_celery.backends.store import StoreBackend
+
+    StoreBackend.outage_reminder_s = float(os.environ["HISTORY_APP_OUTAGE_REMINDER_S"])
+
 if os.environ.get("HISTORY_APP_BAD_CRON"):  # a @cron with an option that is refused
     import anarchon_celery
 

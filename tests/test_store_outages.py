@@ -194,12 +194,19 @@ def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
     tmp_path: Path,
 ) -> None:
     """Redis away for longer than the runs' lateness (3 s): the runs whose deadline passed are not
-    sent, and the line that says Redis is back names each of them, by job and slot."""
+    sent, and the line that says Redis is back names each of them, by job and slot. Meanwhile
+    each beat reminds that the outage goes on (every 2 s here, every minute by default)."""
     if shutil.which("redis-server") is None:
         pytest.skip("no redis-server here")
     server = OwnRedisServer(tmp_path / "redis")
     envs = [
-        dict(env, HISTORY_APP_MAX_LATE_MS="3000", HISTORY_APP_LEASE_MS="1000", HISTORY_APP_JITTER_MS="0")
+        dict(
+            env,
+            HISTORY_APP_MAX_LATE_MS="3000",
+            HISTORY_APP_LEASE_MS="1000",
+            HISTORY_APP_JITTER_MS="0",
+            HISTORY_APP_OUTAGE_REMINDER_S="2",
+        )
         for env in _beat_envs(beat_env, server.url)
     ]
     fleet = Fleet(tmp_path, envs)
@@ -221,9 +228,13 @@ def test_an_outage_longer_than_the_lateness_names_the_runs_it_cost(
     assert len(missing) >= 3, sorted(missing)  # about 9 s of a job every second, less its 3 s of lateness
     named: set[int] = set()
     for index in range(len(envs)):
-        back = re.search(r"is back after [\d.]+s; (\d+) run\(s\) were not claimed meanwhile(.*)", fleet.text(index))
+        text = fleet.text(index)
+        back = re.search(r"is back after [\d.]+s; (\d+) run\(s\) were not claimed meanwhile(.*)", text)
         assert back is not None
         named |= {int(slot) for slot in re.findall(r"\d{13}", back.group(2))}
+        during = text[text.index("cannot decide claims") : back.start()]
+        reminders = re.findall(r"still cannot decide claims after \d+s .*; \d+ run\(s\) not claimed so far", during)
+        assert len(reminders) >= 2, during
     assert missing <= named, (sorted(missing), sorted(named))
 
 

@@ -66,6 +66,8 @@ class StoreBackend(Backend):
     answer_lost_errors: tuple[type[BaseException], ...] = ()
     #: Errors that leave the claims undecided (the store is unreachable, or refused).
     failure_errors: tuple[type[BaseException], ...] = ()
+    #: Seconds between two reminders that an outage goes on.
+    outage_reminder_s = 60.0
 
     def __init__(self, prefix: str, slot_ttl_ms: int, timeout: float, lease_ms: int = DEFAULT_LEASE_MS) -> None:
         self.prefix = check_prefix(prefix)
@@ -75,6 +77,7 @@ class StoreBackend(Backend):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = float(timeout)
         self._outage_since: float | None = None
+        self._outage_reminded = 0.0  # time.monotonic() of its last line
         self._missed = MissedRuns()
         self._armed: list[Armed] = []
         #: Runs whose claim's answer may have been lost with every try: made again (by the
@@ -252,16 +255,28 @@ class StoreBackend(Backend):
     # -- outages ----------------------------------------------------------------------------------
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        """Note an outage of the store: logged once, and once more when it ends, with the runs
-        missed meanwhile."""
+        """Note an outage of the store: logged when it starts, then every ``outage_reminder_s``
+        while it lasts, and once more when it ends, with the runs missed meanwhile."""
+        now = time.monotonic()
         if self._outage_since is None:
-            self._outage_since = time.monotonic()
+            self._outage_since = self._outage_reminded = now
             logger.error(
                 "anarchon: %s cannot %s (%s: %s); runs due meanwhile are claimed again until their deadline",
                 self.describe(),
                 what,
                 type(exc).__name__,
                 exc,
+            )
+        elif now - self._outage_reminded >= self.outage_reminder_s:
+            self._outage_reminded = now
+            logger.warning(
+                "anarchon: %s still cannot %s after %.0fs (%s: %s); %d run(s) not claimed so far",
+                self.describe(),
+                what,
+                now - self._outage_since,
+                type(exc).__name__,
+                exc,
+                self._missed.count,
             )
 
     def _recovered(self) -> None:
