@@ -5,16 +5,19 @@ prefix is deleted afterwards."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from anarchon_celery import Claim, ConfigError, Outcome, RedisBackend
+from anarchon_celery import BrokerRefused, Claim, ConfigError, Outcome, RedisBackend
 
 from .proxy import Proxy, free_port
+from .redis_servers import OwnRedisServer
 
 
 def _open(url: str, prefix: str, **kwargs: Any) -> RedisBackend:
@@ -105,19 +108,30 @@ def test_runs_are_decided_on_redis_clock(redis_url: str, redis_prefix: str) -> N
     backend.close()
 
 
-def test_an_evicting_redis_is_warned_of(redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
-    client.config_set("maxmemory-policy", "allkeys-lru")
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])
+def test_an_evicting_redis_is_refused_unless_allowed(
+    policy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    server = OwnRedisServer(tmp_path / "redis")
     try:
+        import redis
+
+        with redis.Redis(port=server.port) as admin:
+            admin.config_set("maxmemory-policy", policy)
+        with pytest.raises(BrokerRefused, match=f"maxmemory-policy {policy}\\): a run .* can be won again"):
+            RedisBackend(server.url, prefix="t.").open()
         with caplog.at_level(logging.WARNING, logger="anarchon_celery"):
-            _open(redis_url, redis_prefix).close()
+            allowed = [RedisBackend(f"{server.url}?allow_eviction=1"), RedisBackend(server.url, allow_eviction=True)]
+            for backend in allowed:
+                backend.open()
+                backend.close()
+        assert caplog.text.count("allow_eviction is set, so the backend runs on it") == 2
+        with pytest.raises(ConfigError, match="allow_eviction in the Redis URL must be 0 or 1"):
+            RedisBackend(f"{server.url}?allow_eviction=2")
     finally:
-        client.config_set("maxmemory-policy", before)
-        client.close()
-    assert "maxmemory-policy allkeys-lru" in caplog.text and "noeviction" in caplog.text
+        server.kill()
 
 
 @pytest.mark.parametrize(

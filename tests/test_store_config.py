@@ -6,6 +6,7 @@ the SQL a DBA runs instead of granting CREATE, run for real."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 import time
@@ -148,6 +149,34 @@ def test_a_redis_user_without_rights_on_the_keys(
         assert f"'+@all ~{prefix}* &{prefix}*'" in line, line
     finally:
         delete_redis_keys(redis_url, prefix)
+
+
+@pytest.mark.timeout(120)
+def test_an_evicting_redis_stops_beat_and_fails_check(beat_env: dict[str, str], tmp_path: Path) -> None:
+    import redis
+
+    from .redis_servers import OwnRedisServer
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    server = OwnRedisServer(tmp_path / "redis")
+    try:
+        with redis.Redis(port=server.port) as admin:
+            admin.config_set("maxmemory-policy", "allkeys-lru")
+        env = dict(beat_env, HISTORY_APP_BACKEND=server.url)
+        line = stopped_in_one_line(env, tmp_path, "evicts keys when its memory is full (maxmemory-policy allkeys-lru)")
+        assert "Set maxmemory-policy noeviction" in line and "allow_eviction=1" in line
+        check_fails(env, "maxmemory-policy allkeys-lru")
+        # Whoever accepts the risk says so in the URL: beat runs, with a warning.
+        log = tmp_path / "allowed.log"
+        beat = start_beat(dict(env, HISTORY_APP_BACKEND=f"{server.url}?allow_eviction=1"), log)
+        try:
+            wait_for(log, "won, sent", beat)
+        finally:
+            kill(beat)
+        assert "allow_eviction is set, so the backend runs on it" in log.read_text(errors="replace")
+    finally:
+        server.kill()
 
 
 @pytest.mark.timeout(120)

@@ -58,8 +58,8 @@ class RedisBackend(StoreBackend):
     Arguments:
         url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS), or the master behind
             Redis Sentinel: ``sentinel://[:password@]host:port/db;sentinel://host:port/db?master_name=NAME``
-            (see :mod:`.redis_client`). ``?wait_replicas=N&wait_timeout_ms=T`` in the URL set the
-            two arguments below.
+            (see :mod:`.redis_client`). ``?wait_replicas=N&wait_timeout_ms=T&allow_eviction=1`` in
+            the URL set the arguments of those names below.
         client: your own ``redis.Redis`` (or ``Sentinel(...).master_for(...)``); you keep
             ownership, it is never closed here. Give it a ``socket_timeout``, or a Redis that
             stops answering can hold a claim up, and no retries (``retry=Retry(NoBackoff(), 0)``):
@@ -77,6 +77,9 @@ class RedisBackend(StoreBackend):
             ``wait_timeout_ms`` is asked again (found won, or won again on the new master) until
             the run's deadline: with fewer replicas up than this, no run is sent.
         wait_timeout_ms: how long a decision waits for its replicas.
+        allow_eviction: start on a Redis whose ``maxmemory-policy`` evicts keys when memory is
+            full, with a warning. An evicted record or cursor lets a run be won again, so by
+            default such a Redis is refused at start (set ``maxmemory-policy noeviction``).
     """
 
     clock_name = "Redis's clock"
@@ -92,6 +95,7 @@ class RedisBackend(StoreBackend):
         lease_ms: int = DEFAULT_LEASE_MS,
         wait_replicas: int | None = None,
         wait_timeout_ms: int | None = None,
+        allow_eviction: bool | None = None,
     ) -> None:
         super().__init__(prefix, slot_ttl_ms, timeout, lease_ms)
         redis = _redis()
@@ -109,6 +113,10 @@ class RedisBackend(StoreBackend):
             self.owned = False
         self.wait_replicas = _count("wait_replicas", wait_replicas, options)
         self.wait_timeout_ms = _count("wait_timeout_ms", wait_timeout_ms, options)
+        allowed = _count("allow_eviction", None if allow_eviction is None else int(allow_eviction), options)
+        if allowed > 1:
+            raise ConfigError(f"allow_eviction in the Redis URL must be 0 or 1, not {allowed}")
+        self.allow_eviction = bool(allowed)
         self.client = client
         self._errors: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._refused = redis.ResponseError
@@ -158,7 +166,7 @@ class RedisBackend(StoreBackend):
             found = info.get("redis_version")
             raise ConfigError(f"{self.describe()} is Redis {found}: anarchon_celery needs Redis 5 or newer")
         self._version_text = str(info.get("redis_version"))
-        self._warn_about_eviction()
+        self._check_eviction()
         self._check_replicas()
         self._checked = True
 
@@ -179,21 +187,27 @@ class RedisBackend(StoreBackend):
                 self.wait_replicas,
             )
 
-    def _warn_about_eviction(self) -> None:
-        """An evicted cursor could let a late claim win its run again: say so when it can happen."""
+    def _check_eviction(self) -> None:
+        """An evicted record or cursor lets a claim win its run again: refuse a Redis that evicts
+        keys (BrokerRefused), unless ``allow_eviction``; then say so."""
         try:
-            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
+            policy = self.client.info("memory").get("maxmemory_policy")
         except (self._refused, *self._errors):
-            return  # CONFIG is often disabled on managed Redis: nothing to read
+            return  # INFO refused (an ACL): nothing to read
         if isinstance(policy, bytes):
             policy = policy.decode()
-        if policy and policy != "noeviction":
-            logger.warning(
-                "anarchon: %s evicts keys when full (maxmemory-policy %s): an evicted cursor lets a late "
-                "instance win a run again. Set maxmemory-policy noeviction",
-                self.describe(),
-                policy,
+        if not policy or policy == "noeviction":
+            return
+        risk = (
+            f"{self.describe()} evicts keys when its memory is full (maxmemory-policy {policy}): a run "
+            "whose record or cursor is evicted can be won again, and run twice"
+        )
+        if not self.allow_eviction:
+            raise BrokerRefused(
+                f"{risk}. Set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and "
+                "in redis.conf), or accept the risk with allow_eviction=1 in the backend's URL"
             )
+        logger.warning("anarchon: %s; allow_eviction is set, so the backend runs on it", risk)
 
     # -- claims ---------------------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ A Sentinel URL lists every sentinel, ``;``-separated, and names the master's ser
 
 The password (and user name), if any, are the master's; the sentinels are asked without one (give
 a client of your own, ``RedisBackend(client=Sentinel(...).master_for(...))``, for sentinels that
-need one). Two query parameters of ours go with any of these URLs and are taken out of it before
-redis-py reads it: ``wait_replicas`` and ``wait_timeout_ms`` (see :class:`~.redis.RedisBackend`).
+need one). Query parameters of ours go with any of these URLs and are taken out of it before
+redis-py reads it: ``wait_replicas``, ``wait_timeout_ms`` and ``allow_eviction`` (see
+:class:`~.redis.RedisBackend`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SENTINEL_SCHEME = "sentinel"
 #: The URL schemes of the Redis backend.
 REDIS_SCHEMES = ("redis", "rediss", SENTINEL_SCHEME)
 #: Query parameters of ours, with their defaults.
-OPTIONS = {"wait_replicas": 0, "wait_timeout_ms": 1_000}
+OPTIONS = {"wait_replicas": 0, "wait_timeout_ms": 1_000, "allow_eviction": 0}
 
 
 class Made(NamedTuple):
