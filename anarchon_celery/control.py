@@ -63,7 +63,7 @@ def configure(app: Any) -> Deployment:
     if not backend.leases:
         for key in LEASE_SETTINGS:
             if key in settings.given:
-                raise ConfigError(f"anarchon_{key} is not available: {claim_only(backend.title)}")
+                raise ConfigError(f"{settings.name_of(key)} is not available: {claim_only(backend.title)}")
     jobs = collect_jobs(
         app,
         settings,

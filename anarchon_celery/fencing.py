@@ -13,7 +13,11 @@ What still runs:
 * a task whose run the store no longer knows (its record is kept ``slot_ttl_ms``) or that the
   store could not be asked about (after one more try, with a warning): at least once rather
   than never. The second try counts a start already made with the message's token as its own,
-  since the first may have been made and its answer lost;
+  since the first may have been made and its answer lost. The check has a connection of its own
+  that waits ``anarchon_start_check_timeout_ms`` (500 ms) for an answer, far less than a claim
+  does; and once the store could not be asked, the process's tasks run without asking it for
+  :data:`ASK_AGAIN_S`, then the next task asks again: a store that hangs costs a task a bounded
+  wait, not every task two timeouts;
 * a message the broker delivers again (``redelivered``: the worker that had it died before
   acknowledging it, with ``acks_late``), and a task's own retries: the run started, and is
   going on.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -42,9 +47,13 @@ __all__ = ["check", "install"]
 logger = logging.getLogger(__name__)
 
 _REFUSED = "anarchon_refused"
+#: Seconds a worker process's tasks run without asking a store that could not be asked.
+ASK_AGAIN_S = 5.0
 _lock = threading.Lock()
 #: Per process and app: the backend the checks are made on (None: it holds no leases).
 _backends: dict[tuple[int, int], Any] = {}
+#: Per process and app whose store could not be asked: until when (time.monotonic()) it is not.
+_away_until: dict[tuple[int, int], float] = {}
 
 
 def _backend(app: Any) -> Any:
@@ -59,7 +68,8 @@ def _backend(app: Any) -> Any:
 
                 try:
                     # The backend only, not the jobs: a worker may import only some of their tasks.
-                    backend = backend_for(app, Settings.from_app(app))
+                    settings = Settings.from_app(app)
+                    backend = backend_for(app, settings, timeout=settings.start_check_timeout_ms / 1000)
                 except Exception:  # noqa: BLE001 - a configuration the beat would refuse: run, as without us
                     logger.warning(
                         "anarchon: the tasks of app %r are not checked against their runs' leases",
@@ -75,6 +85,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _backends.clear()
+    _away_until.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -96,6 +107,13 @@ def check(task: Any) -> bool:
     backend = _backend(task.app)
     if backend is None:
         return True
+    key = (os.getpid(), id(task.app))
+    away_until = _away_until.get(key)
+    if away_until is not None and time.monotonic() < away_until:
+        logger.debug(
+            "anarchon: job %r slot %s: %s is away; task %s runs unchecked", job, slot, backend.describe(), request.id
+        )
+        return True
     error: BaseException | None = None
     for again in (False, True):
         try:
@@ -106,15 +124,22 @@ def check(task: Any) -> bool:
         except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
             error = exc
     else:
-        logger.warning(
-            "anarchon: job %r slot %s: could not ask %s whether task %s may start (%r); it runs",
+        _away_until[key] = time.monotonic() + ASK_AGAIN_S
+        logger.log(
+            logging.DEBUG if away_until is not None else logging.WARNING,
+            "anarchon: job %r slot %s: could not ask %s whether task %s may start (%r); it runs, and so "
+            "do this process's tasks without asking it until it answers (asked again every %.0fs)",
             job,
             slot,
             backend.describe(),
             request.id,
             error,
+            ASK_AGAIN_S,
         )
         return True
+    if away_until is not None:
+        del _away_until[key]
+        logger.warning("anarchon: %s answers again: tasks are checked against their runs again", backend.describe())
     if allowed is None:
         logger.debug("anarchon: job %r slot %s: run not known any more; task %s runs", job, slot, request.id)
         return True

@@ -21,10 +21,11 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_lead_ms": 10_000,
     "anarchon_backup_runners": 2,
     "anarchon_lease_ms": 5_000,
+    "anarchon_start_check_timeout_ms": 500,
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
-LEASE_SETTINGS = ("backup_runners", "lease_ms")
+LEASE_SETTINGS = ("backup_runners", "lease_ms", "start_check_timeout_ms")
 #: The most backups a run may have.
 MAX_BACKUP_RUNNERS = 10
 
@@ -39,6 +40,7 @@ MINIMUMS: dict[str, int] = {
     "lead_ms": 0,
     "backup_runners": 0,
     "lease_ms": 100,
+    "start_check_timeout_ms": 10,
 }
 
 _OURS = "anarchon_"
@@ -133,8 +135,16 @@ class Settings:
     lead_ms: int = 10_000
     backup_runners: int = 2
     lease_ms: int = 5_000
+    #: How long a worker's start check waits for the store (it has its own connection).
+    start_check_timeout_ms: int = 500
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
+    #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.
+    spelt: tuple[tuple[str, str], ...] = ()
+
+    def name_of(self, key: str) -> str:
+        """The setting ``key`` as the app wrote it (``anarchon_<key>`` when it is a default)."""
+        return dict(self.spelt).get(key, f"{_OURS}{key}")
 
     def __post_init__(self) -> None:
         for key, minimum in MINIMUMS.items():
@@ -160,14 +170,16 @@ class Settings:
             raise error
         values: dict[str, Any] = {}
         given = set()
+        spelt = []
         for name, default in DEFAULTS.items():
             key = name[len(_OURS) :]
             value = conf.get(name)  # Celery looks under the namespace first
             if value is not None:
                 given.add(key)
+                spelt.append((key, spelling.shown(name, present)))
             values[key] = default if value is None and key != "backend" else value
             if key in MINIMUMS:  # named as the user wrote it
                 check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
             elif key == "prefix" and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
-        return cls(**values, given=frozenset(given))
+        return cls(**values, given=frozenset(given), spelt=tuple(spelt))

@@ -143,6 +143,7 @@ def test_backup_runners_are_refused_on_a_claim_only_backend() -> None:
         ({"beat_schedule": {"j": entry(backup_runners=1)}}, "job 'j': backup_runners"),
         ({"anarchon_backup_runners": 1}, "anarchon_backup_runners"),
         ({"anarchon_lease_ms": 5000}, "anarchon_lease_ms"),
+        ({"anarchon_start_check_timeout_ms": 200}, "anarchon_start_check_timeout_ms"),
     ],
 )
 def test_lease_options_on_a_claim_only_backend_name_that_backend(
@@ -155,6 +156,20 @@ def test_lease_options_on_a_claim_only_backend_name_that_backend(
     with pytest.raises(ConfigError) as info:
         configure(app)  # reads the settings only: no broker is asked
     assert str(info.value).startswith(f"{what} is not available: {title} is claim only (a winner that dies")
+
+
+def test_a_lease_setting_refused_is_named_as_the_app_wrote_it() -> None:
+    from anarchon_celery.control import configure
+
+    class Config:
+        CELERY_ANARCHON_BACKEND = "memory://"
+        CELERY_ANARCHON_LEASE_MS = 5000
+
+    app = make_app()
+    app.conf.clear()
+    app.config_from_object(Config, namespace="CELERY")
+    with pytest.raises(ConfigError, match="^CELERY_ANARCHON_LEASE_MS is not available: the memory backend"):
+        configure(app)
 
 
 @pytest.mark.parametrize(

@@ -285,3 +285,57 @@ def test_a_postgres_failover_to_a_synchronous_standby_loses_and_doubles_no_run(
     assert_each_run_once(list(tokens))
     text = "".join(fleet.text(i) for i in range(3))
     assert "Traceback" not in text and "not run by this instance" not in text
+
+
+@pytest.mark.timeout(180)
+def test_a_store_that_hangs_costs_the_worker_one_bounded_wait_not_one_per_task(
+    beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Redis stopped (SIGSTOP: it accepts connections and never answers) while run messages wait:
+    a real worker asks it once (its own short timeout), runs the tasks without asking while it is
+    away, and checks them again once it answers."""
+    from celery import Celery
+
+    from .test_backup_runners import _worker
+    from .test_faults import kill
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    server = OwnRedisServer(tmp_path / "redis")
+    sender = Celery("sender", broker=broker_url, set_as_current=False)
+    count = 40
+
+    def send(n: int) -> None:
+        headers = {"anarchon_job": "every", "anarchon_slot": 1_000 + n, "anarchon_run": f"r{n}", "anarchon_token": 1}
+        sender.send_task("history_app.fine", queue=f"{prefix}tasks", headers=headers)
+
+    worker = None
+    log = tmp_path / "worker.log"
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        for n in range(count):
+            send(n)
+        worker = _worker(dict(beat_env, HISTORY_APP_BACKEND=server.url, HISTORY_APP_HISTORY_SIZE="0"), log)
+        deadline = time.monotonic() + 60  # at 2 x 5 s a task, as before, 40 tasks took 400 s
+        while log.read_text(errors="replace").count("succeeded in") < count:
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        text = log.read_text(errors="replace")
+        asked = text.count("could not ask")
+        assert asked == 1, text[-3000:]  # said once (asked again every 5 s: at debug level)
+        assert "and so do this process's tasks without asking it until it answers" in text
+        server.proc.send_signal(signal.SIGCONT)
+        time.sleep(6)  # past ASK_AGAIN_S: the next task asks again
+        send(count)
+        deadline = time.monotonic() + 60
+        while "answers again: tasks are checked against their runs again" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    finally:
+        if server.proc is not None:
+            server.proc.send_signal(signal.SIGCONT)
+        if worker is not None:
+            kill(worker)  # type: ignore[arg-type]
+        server.kill()
+        sender.close()

@@ -30,8 +30,11 @@ __all__ = [
 _MEMORY: dict[tuple[str, int], MemoryBackend] = {}
 
 
-def backend_for(app: Any, settings: Settings) -> Backend:
-    """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ."""
+def backend_for(app: Any, settings: Settings, *, timeout: float | None = None) -> Backend:
+    """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ.
+    ``timeout``: seconds a store made here from a URL waits for an answer (else its default); an
+    instance given keeps its own."""
+    store_options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     chosen = settings.backend
     if isinstance(chosen, Backend):
         for key in ("prefix", "slot_ttl_ms", *(("lease_ms",) if chosen.leases else ())):
@@ -52,6 +55,7 @@ def backend_for(app: Any, settings: Settings) -> Backend:
                     prefix=settings.prefix,
                     slot_ttl_ms=settings.slot_ttl_ms,
                     lease_ms=settings.lease_ms,
+                    **store_options,
                 )
             if transport not in AMQP_SCHEMES:
                 raise ConfigError(
@@ -70,15 +74,27 @@ def backend_for(app: Any, settings: Settings) -> Backend:
             return _MEMORY[shared]
         if scheme in REDIS_SCHEMES:
             return RedisBackend.from_url(
-                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+                chosen,
+                prefix=settings.prefix,
+                slot_ttl_ms=settings.slot_ttl_ms,
+                lease_ms=settings.lease_ms,
+                **store_options,
             )
         if scheme in POSTGRES_SCHEMES:
             return PostgresBackend.from_url(
-                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+                chosen,
+                prefix=settings.prefix,
+                slot_ttl_ms=settings.slot_ttl_ms,
+                lease_ms=settings.lease_ms,
+                **store_options,
             )
         if scheme == "sqlite":
             return SQLiteBackend.from_url(
-                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms
+                chosen,
+                prefix=settings.prefix,
+                slot_ttl_ms=settings.slot_ttl_ms,
+                lease_ms=settings.lease_ms,
+                **store_options,
             )
         if scheme in AMQP_SCHEMES:
             return RabbitMQBackend(

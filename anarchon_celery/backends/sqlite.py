@@ -210,9 +210,15 @@ class SQLiteBackend(SqlBackend):
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000, lease_ms: int = DEFAULT_LEASE_MS
+        cls,
+        url: str,
+        *,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: float = 5.0,
     ) -> SQLiteBackend:
-        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms)
+        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms, timeout=timeout)
 
     # -- the connection -------------------------------------------------------------------------
 
