@@ -228,6 +228,7 @@ class Scheduler(beat.Scheduler):
                         )
                     stopping.request()  # a second signal raises Stopping here, inside the broker wait
                 else:
+                    logger.info("anarchon: %s received with no run in progress: stopping", signal.Signals(signum).name)
                     stopping.request()  # closing the connections is bounded too
                     original(signum, frame)
 
@@ -737,3 +738,4 @@ class Scheduler(beat.Scheduler):
             if threading.current_thread() is threading.main_thread():
                 self._restore_signals()
                 stopping.reset()
+        logger.info("anarchon: %s stopped", self.instance)

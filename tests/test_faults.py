@@ -156,6 +156,23 @@ def test_sigterm_during_a_claim_finishes_it_and_sends_the_task(
 
 
 @pytest.mark.timeout(120)
+def test_a_stop_while_idle_is_logged(beat_env: dict[str, str], tmp_path: Path) -> None:
+    # A clean stop can be told from a crash in beat's own log.
+    log = tmp_path / "beat.log"
+    beat = start_beat(dict(beat_env, HISTORY_APP_EVERY="86400"), log)
+    try:
+        wait_for(log, "anarchon: ready as", beat)
+        time.sleep(1)
+        beat.send_signal(signal.SIGTERM)
+        assert beat.wait(30) == 0
+    finally:
+        kill(beat)
+    text = log.read_text(errors="replace")
+    assert "anarchon: SIGTERM received with no run in progress: stopping" in text
+    assert text.rstrip().splitlines()[-1].endswith(" stopped"), text[-1000:]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("outage", ["refused", "silent"])
 def test_a_stop_takes_effect_at_once_while_the_broker_is_unreachable(
     beat_env: dict[str, str], tmp_path: Path, outage: str
