@@ -329,9 +329,13 @@ class Scheduler(beat.Scheduler):
             if until < now:
                 del self._unmarked[run]
         runs = list(self._unmarked)
+        superseded = []
         for run, marked in zip(runs, backend.mark_sent(runs, self.instance) if runs else []):
             if marked is not None:
                 del self._unmarked[run]
+            if marked is False:
+                superseded.append(run)
+        _warn_superseded(superseded)
 
     def _is_backup(self) -> bool:
         """Whether this instance is armed as the backup of a run."""
@@ -481,16 +485,13 @@ class Scheduler(beat.Scheduler):
         sent_runs = [d.run for d in done if d.error is None and d.run.token]
         sent = [(run.job.name, run.slot, run.token) for run in sent_runs]
         failed = [(d.run.job.name, d.run.slot, d.run.token) for d in done if d.error is not None and d.run.token]
+        superseded = []
         for run, (job, slot, token), marked in zip(sent_runs, sent, backend.mark_sent(sent, self.instance)):
             if marked is None:
                 self._unmarked[job, slot, token] = run.deadline_ms + backend.lease_ms
             elif not marked:
-                logger.debug(
-                    "anarchon: job %r slot %d: taken over meanwhile (our token %d); the workers run one of them",
-                    job,
-                    slot,
-                    token,
-                )
+                superseded.append((job, slot, token))
+        _warn_superseded(superseded)
         if failed and backend.hand_back(failed, self.instance):
             logger.info("anarchon: %d run(s) whose send failed handed back to their backups", len(failed))
         return done
@@ -739,3 +740,21 @@ class Scheduler(beat.Scheduler):
                 self._restore_signals()
                 stopping.reset()
         logger.info("anarchon: %s stopped", self.instance)
+
+
+def _warn_superseded(runs: list[tuple[str, int, int]], named: int = 20) -> None:
+    """One warning for the runs this instance sent after its lease on them ran out (it was
+    paused, or slow): a backup took each over and sent it again; the workers' start check runs
+    one message of each."""
+    if not runs:
+        return
+    shown = ", ".join(f"job {job!r} slot {slot} (our token {token})" for job, slot, token in runs[:named])
+    more = f" and {len(runs) - named} more" if len(runs) > named else ""
+    logger.warning(
+        "anarchon: %d run(s) sent after this instance's lease on them ran out, each taken over and sent "
+        "again by a backup meanwhile: %s%s. The workers run one message of each; this instance was "
+        "paused or slow for longer than anarchon_lease_ms",
+        len(runs),
+        shown,
+        more,
+    )

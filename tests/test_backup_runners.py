@@ -219,7 +219,8 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
         _wait_in_any(logs[1:], f"slot {slot}: not sent by its winner", "no backup took the run over")
         if fault.startswith("pause"):
             os.kill(procs[0].pid, signal.SIGCONT)  # it marks the run sent, too late: another holds it
-            wait_for(logs[0], "taken over meanwhile (our token 1)", procs[0])
+            wait_for(logs[0], "sent after this instance's lease on them ran out", procs[0])
+            assert f"job 'every' slot {slot} (our token 1)" in logs[0].read_text(errors="replace")
         time.sleep(2)
         running = procs[1:] if fault.startswith("die") else procs
         _stop(running, logs[-len(running) :])
