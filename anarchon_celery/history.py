@@ -48,7 +48,7 @@ _SENT_FIELDS = ("slot", "task_id", "task", "instance", "trigger")
 _FIELDS = {
     "sent": _SENT_FIELDS,
     "unsent": (*_SENT_FIELDS, "error_type", "error"),
-    "running": ("worker",),
+    "running": ("worker", "instance"),  # the instance whose message started it
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
     "revoked": ("worker", "reason", "error"),
@@ -99,9 +99,9 @@ class Run:
     slot: int | None
     task_id: str | None
     task: str | None
-    instance: str | None  # the beat (host:pid) that sent it
+    instance: str | None  # the beat (host:pid) whose message started it; before it starts, that sent it
     worker: str | None
-    sent_at_ms: int | None
+    sent_at_ms: int | None  # when that instance's message was written
     started_at_ms: int | None
     finished_at_ms: int | None  # when it succeeded, failed or was revoked
     error_type: str | None
@@ -128,12 +128,15 @@ def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[
             run.update({k: event.get(k) for k in _SENT_FIELDS})
             if kind == "sent":
                 run["sent_at_ms"] = event["at_ms"]
+                run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
             else:
                 run["unsent_error"] = event.get("error_type"), event.get("error")
         elif kind == "running":
             if run.get("worker") is None:  # a final event's worker, if any, counts
                 run["worker"] = event.get("worker")
             run["started_at_ms"] = event["at_ms"]
+            if event.get("instance"):
+                run["started_by"] = event["instance"]
         else:
             if event.get("worker") is not None:
                 run["worker"] = event["worker"]
@@ -143,6 +146,10 @@ def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[
         run.setdefault("first_ms", event["at_ms"])
         run["first_ms"] = min(run["first_ms"], event["at_ms"])
     for run in runs.values():
+        starter = run.get("started_by")
+        if starter is not None:  # sent twice (a takeover): the message that started the run counts
+            run["instance"] = starter
+            run["sent_at_ms"] = run.get("sent_by", {}).get(starter, run.get("sent_at_ms"))
         if run["status"] == "unsent":  # why it was not sent (once it ran, that no longer matters)
             run["error_type"], run["error"] = run["unsent_error"]
     ordered = sorted(runs.values(), key=lambda r: (r.get("sent_at_ms") or r["first_ms"], r["run_id"]), reverse=True)

@@ -607,6 +607,7 @@ class Scheduler(beat.Scheduler):
         """Send the won runs' tasks, all at once; returns each run with when and how it ended."""
         errors = self.sender.send(runs)
         at_ms = clock.now_ms()
+        written_at = self.sender.written_at
         for run, error in zip(runs, errors):
             job = run.job
             if error is not None:  # a failed send must not stop the other jobs
@@ -621,7 +622,8 @@ class Scheduler(beat.Scheduler):
                 )
                 continue
             logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, run.slot, job.task, run.task_id)
-        return [_Done(run, at_ms, error) for run, error in zip(runs, errors)]
+        # A run's sent time is when its message was written, not when the batch's confirms were in.
+        return [_Done(run, written_at.pop(run.task_id, at_ms), error) for run, error in zip(runs, errors)]
 
     def _record(self, done: list[_Done]) -> None:
         """Write the ``sent`` event of each run sent to its job's history, and the ``unsent``
@@ -659,7 +661,7 @@ class Scheduler(beat.Scheduler):
 
     @cached_property
     def sender(self) -> TaskSender:
-        return TaskSender(self.app, self.connection)
+        return TaskSender(self.app, self.connection, instance=self.instance)
 
     def _connect_sender(self) -> None:
         """Have the task connection and its channel open before the runs come due (at start, and

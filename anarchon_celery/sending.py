@@ -66,9 +66,12 @@ def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_headers(job: Job, *, slot: int, run_id: str, trigger: str, token: int = 0) -> dict[str, Any]:
+def run_headers(
+    job: Job, *, slot: int, run_id: str, trigger: str, token: int = 0, instance: str | None = None
+) -> dict[str, Any]:
     """The headers a run's task message carries, on top of the job's own: with a fencing token
-    (``anarchon_token``) on a backend with leases, which the worker checks before it starts."""
+    (``anarchon_token``) on a backend with leases, which the worker checks before it starts, and
+    the instance that sent it (``anarchon_instance``), which the worker's history names."""
     headers = {
         **dict(job.options.get("headers") or {}),
         "anarchon_job": job.name,
@@ -78,6 +81,8 @@ def run_headers(job: Job, *, slot: int, run_id: str, trigger: str, token: int = 
     }
     if token:
         headers["anarchon_token"] = token
+    if instance:
+        headers["anarchon_instance"] = instance
     return headers
 
 
@@ -113,7 +118,7 @@ def has_publisher_confirms(connection: Any) -> bool:
 
 def send_run(app: Any, connection: Any, job: Job, **run: Any) -> None:
     """Send one run (see :class:`TaskSender`); raise its error when it could not be sent."""
-    error = TaskSender(app, connection).send([Outgoing(job, **run)])[0]
+    error = TaskSender(app, connection, instance=instance_id()).send([Outgoing(job, **run)])[0]
     if error is not None:
         raise error
 
@@ -128,9 +133,13 @@ class TaskSender:
     could not be written then.
     """
 
-    def __init__(self, app: Any, connection: Any) -> None:
+    def __init__(self, app: Any, connection: Any, *, instance: str | None = None) -> None:
         self.app = app
         self.connection = connection
+        #: Who sends, named in each message (``anarchon_instance``).
+        self.instance = instance
+        #: When each run's message was last written, by task id (epoch ms): for its history.
+        self.written_at: dict[str, int] = {}
         self._channel: Any = None
         self._producer: Any = None
         self._confirms: _TaskConfirms | None = None
@@ -277,12 +286,13 @@ class TaskSender:
         run = runs[i]
         options = dict(run.job.options)
         options["headers"] = run_headers(
-            run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger, token=run.token
+            run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger, token=run.token, instance=self.instance
         )
         confirms.runs[run.task_id] = i
         try:
             task = self.app.tasks[run.job.task]
             options.update(task_id=run.task_id, producer=producer, retry=False)
+            self.written_at[run.task_id] = clock.now_ms()
             task.apply_async(run.job.args, dict(run.job.kwargs), **options)
         except Exception as exc:  # noqa: BLE001 - sorted out below
             if confirms.wrote(i):

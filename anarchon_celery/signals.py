@@ -76,7 +76,13 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
     def get(key: str) -> Any:
         return headers.get(key, getattr(request, key, None))
 
-    return {"run": run, "job": get("anarchon_job"), "slot": get("anarchon_slot"), "trigger": get("anarchon_trigger")}
+    return {
+        "run": run,
+        "job": get("anarchon_job"),
+        "slot": get("anarchon_slot"),
+        "trigger": get("anarchon_trigger"),
+        "instance": get("anarchon_instance"),
+    }
 
 
 class _Event(NamedTuple):
@@ -381,6 +387,8 @@ def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
         history_size = writer.history_size(run["job"])
         if not history_size:
             return  # the job keeps no history
+        if event == "running" and run["instance"]:
+            fields["instance"] = run["instance"]  # whose message started the run
         body = encode_event(
             event,
             run=run["run"],

@@ -4,6 +4,7 @@ exact point loses no run, and no run is executed twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from demo import start_celery
@@ -63,6 +65,7 @@ def _fleet_envs(base: dict[str, str], store: str, fault: str, tmp_path: Path) ->
         HISTORY_APP_EVERY="1",
         HISTORY_APP_LEASE_MS=str(LEASE_MS),
         HISTORY_APP_MAX_LATE_MS=str(MAX_LATE_MS),
+        HISTORY_APP_HISTORY_SIZE="500",
     )
     faulty = dict(
         env,
@@ -235,6 +238,8 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
             assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
             time.sleep(0.5)
         time.sleep(2)
+        if fault.startswith("pause"):
+            _assert_history_names_the_starter(envs[1], twice_sent, procs)
     finally:
         for proc in procs:
             kill(proc)
@@ -248,6 +253,33 @@ def test_a_run_sent_by_its_winner_and_by_a_backup_is_executed_once(
     assert len(executed) >= 4, executed
     assert f"job 'every' slot {slot}: task {twice_sent} (token 1) not run" in text
     assert "Traceback" not in text
+
+
+def _assert_history_names_the_starter(env: dict[str, str], task_id: str, beats: list[Any]) -> None:
+    """The history of a run sent by its stalled winner and by a backup names the backup, whose
+    message started it, with its own send time; every run was sent before it started."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "anarchon", "history", "every", "-n", "500", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        runs = json.loads(done.stdout)
+        run = next((r for r in runs if r["task_id"] == task_id), None)
+        if run is not None and run["status"] == "succeeded":
+            break
+        assert time.monotonic() < deadline, done.stdout[-3000:]
+        time.sleep(1)
+    starter = int(run["instance"].rsplit(":", 1)[1])
+    assert starter in {beat.pid for beat in beats[1:]}, (run, [beat.pid for beat in beats])
+    for other in runs:
+        if other["started_at_ms"] is not None and other["sent_at_ms"] is not None:
+            assert other["sent_at_ms"] <= other["started_at_ms"], other
 
 
 def _waiting(broker_url: str, prefix: str) -> int:

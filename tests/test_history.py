@@ -167,6 +167,20 @@ def test_a_reader_of_the_first_four_kinds_skips_the_new_ones() -> None:
     }
 
 
+def test_a_run_sent_twice_names_the_instance_whose_message_started_it() -> None:
+    # A slow winner (a) and the backup that took its run over (b) both sent it; the worker ran b's.
+    a = ev("sent", RUN_A, 100, slot=1, task_id=RUN_A, task="t", instance="a:1", trigger="schedule")
+    b = ev("sent", RUN_A, 90, slot=1, task_id=RUN_A, task="t", instance="b:2", trigger="schedule")
+    started = ev("running", RUN_A, 95, worker="w", instance="b:2")
+    for events in ([a, b, started], [b, started, a], [started, a, b]):
+        [run] = fold(events)
+        assert (run.instance, run.sent_at_ms, run.started_at_ms) == ("b:2", 90, 95)
+    [run] = fold([b, a])  # not started yet: the last message written
+    assert (run.instance, run.sent_at_ms) == ("a:1", 100)
+    [run] = fold([a, ev("running", RUN_A, 120, worker="w")])  # a worker of an earlier release
+    assert (run.instance, run.sent_at_ms) == ("a:1", 100)
+
+
 def test_only_known_fields_are_recorded() -> None:
     with pytest.raises(ValueError, match="cannot carry \\['args'\\]"):
         encode_event("sent", run=RUN_A, job="job", at_ms=1, args=(1, 2))
@@ -256,11 +270,17 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
     assert run_headers_of(SimpleNamespace(headers=None)) is None
     assert run_headers_of(SimpleNamespace(headers={"other": 1})) is None
     sent = SimpleNamespace(
-        headers={"anarchon_run": "r", "anarchon_job": "j", "anarchon_slot": 5, "anarchon_trigger": "manual"}
+        headers={
+            "anarchon_run": "r",
+            "anarchon_job": "j",
+            "anarchon_slot": 5,
+            "anarchon_trigger": "manual",
+            "anarchon_instance": "h:1",
+        }
     )
-    assert run_headers_of(sent) == {"run": "r", "job": "j", "slot": 5, "trigger": "manual"}
+    assert run_headers_of(sent) == {"run": "r", "job": "j", "slot": 5, "trigger": "manual", "instance": "h:1"}
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
         headers={}, anarchon_run="r", anarchon_job="j", anarchon_slot=5, anarchon_trigger=None
     )
-    assert run_headers_of(as_attributes) == {"run": "r", "job": "j", "slot": 5, "trigger": None}
+    assert run_headers_of(as_attributes) == {"run": "r", "job": "j", "slot": 5, "trigger": None, "instance": None}
