@@ -397,7 +397,11 @@ def schema(ctx: click.Context) -> None:
 @click.pass_context
 @_fail_cleanly
 def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: str, as_json: bool) -> None:
-    """Delete the history streams of jobs that are gone: a dry run (a list) unless --yes.
+    """Delete what jobs that are gone left behind: a dry run (a list) unless --yes.
+
+    On Redis, PostgreSQL and SQLite: each removed job's cursor, run records and history under the
+    deployment's prefix (JOB arguments name jobs; the --rabbitmqctl option is not used). On
+    RabbitMQ, its history stream.
 
     A job's history is a stream <prefix><job>.history. Deleting a job's configuration leaves its
     stream, and its runs, on the broker; this finds those of the deployment's prefix whose job is
@@ -415,6 +419,9 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
     deployment whose prefix starts with this one's look alike: read the list before --yes.
     """
     with _deployment(ctx) as deployment:
+        if isinstance(deployment.backend, StoreBackend):
+            _prune_store(deployment, deployment.backend, names, yes, as_json)
+            return
         backend = rabbitmq_backend(deployment)
         prefix = backend.prefix
         if names:
@@ -440,6 +447,34 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
             data.append({"job": job, "stream": stream, "deleted": yes})
     action = "deleted" if yes else "would delete (prune --yes)"
     _emit(as_json, data, [[d["job"], d["stream"], action] for d in data], ["JOB", "STREAM", "ACTION"])
+
+
+def _prune_store(
+    deployment: Deployment, backend: StoreBackend, names: tuple[str, ...], yes: bool, as_json: bool
+) -> None:
+    """``prune`` on Redis, PostgreSQL or SQLite: the cursor, run records and history of jobs the
+    app no longer has, under the deployment's prefix."""
+    backend.open()
+    stored = backend.stored_jobs()
+    if names:
+        jobs = sorted(set(names))
+        for job in jobs:
+            if job in deployment.jobs:
+                raise click.ClickException(f"job {job!r} is configured: its state is never pruned")
+        missing = [job for job in jobs if job not in stored]
+        if missing:
+            raise click.ClickException(
+                f"no state of job(s) {', '.join(map(repr, missing))} in {backend.describe()}: nothing pruned"
+            )
+    else:
+        jobs = [job for job in stored if job not in deployment.jobs]
+    data = []
+    for job in jobs:
+        if yes:
+            backend.forget_job(job)
+        data.append({"job": job, "what": "cursor, run records, history", "deleted": yes})
+    action = "deleted" if yes else "would delete (prune --yes)"
+    _emit(as_json, data, [[d["job"], d["what"], action] for d in data], ["JOB", "STATE", "ACTION"])
 
 
 class Warned(Exception):  # noqa: N818 - not an error: a check that passed with a warning

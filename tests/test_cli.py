@@ -523,3 +523,48 @@ def test_check_refuses_arguments_the_serializer_cannot_encode(app_env: dict[str,
     result = invoke("check")
     assert result.exit_code == 1
     assert result.output.startswith("FAIL  config   job 'opaque': its args/kwargs cannot be serialized with 'json'")
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])
+def test_prune_on_a_lease_store_deletes_what_removed_jobs_left(
+    store: str, app_env: dict[str, str], prefix: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from anarchon_celery import Claim
+    from anarchon_celery.backends import PostgresBackend, RedisBackend, SQLiteBackend
+
+    from .stores import delete_postgres_rows, delete_redis_keys
+
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
+        "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[store]()
+    kind = {"sqlite": SQLiteBackend, "redis": RedisBackend, "postgres": PostgresBackend}[store]
+    backend = kind.from_url(url, prefix=prefix, slot_ttl_ms=60_000)
+    try:
+        backend.open()
+        now = int(time.time() * 1000)
+        # A removed job's state (cursor, a run, history), and a configured job's.
+        assert len(backend.claim([Claim("gone", now), Claim("fine", now)], "somebody")) == 2
+        backend.record("gone", encode_event("sent", run="r1", job="gone", at_ms=now), 5)
+        backend.record("fine", encode_event("sent", run="r2", job="fine", at_ms=now), 5)
+        env = dict(app_env, HISTORY_APP_BACKEND=url)
+        dry = celery(env, "anarchon", "prune", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout) == [{"job": "gone", "what": "cursor, run records, history", "deleted": False}]
+        assert backend.stored_jobs() == ["fine", "gone"]
+        refused = celery(env, "anarchon", "prune", "--yes", "fine")
+        assert refused.returncode == 1 and "job 'fine' is configured: its state is never pruned" in refused.stderr
+        unknown = celery(env, "anarchon", "prune", "--yes", "never-was")
+        assert unknown.returncode == 1 and "no state of job(s) 'never-was'" in unknown.stderr
+        done = celery(env, "anarchon", "prune", "--yes")
+        assert done.returncode == 0 and "gone" in done.stdout and "deleted" in done.stdout, done.stderr
+        assert backend.stored_jobs() == ["fine"]
+        assert backend.read_history(["gone"]) == {"gone": []}
+        assert len(backend.read_history(["fine"])["fine"]) == 1
+    finally:
+        if store == "redis":
+            delete_redis_keys(url, prefix)
+        elif store == "postgres":
+            delete_postgres_rows(url, prefix)
+        backend.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -395,6 +396,32 @@ class RedisBackend(StoreBackend):
         for job, raw in zip(jobs, lists):
             found[job] = [decoded for event in raw if (decoded := decode_event(event)) is not None]
         return found
+
+    # -- what removed jobs leave ----------------------------------------------------------------
+
+    def _job_keys(self, pattern_job: str) -> dict[str, list[bytes]]:
+        """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, run records, history."""
+        escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
+        found: dict[str, list[bytes]] = {}
+        for kind in ("cursor", "run", "history"):
+            for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
+                rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
+                found.setdefault(rest.split(".", 1)[0], []).append(key)
+        return found
+
+    def stored_jobs(self) -> list[str]:
+        try:
+            return sorted(self._job_keys("*"))
+        except (self._refused, *self._errors) as exc:
+            raise BrokerUnavailable(f"cannot list the jobs in {self.describe()}: {exc}") from exc
+
+    def forget_job(self, job: str) -> None:
+        try:
+            keys = self._job_keys(f"{job}*").get(job, [])  # "job*": run keys are job.slot
+            if keys:
+                self.client.delete(*keys)
+        except (self._refused, *self._errors) as exc:
+            raise BrokerUnavailable(f"cannot delete job {job!r} from {self.describe()}: {exc}") from exc
 
     def check_claims(self) -> None:
         """Run the claim script on nothing: scripts disabled, a read-only replica or an ACL

@@ -304,6 +304,28 @@ class SqlBackend(StoreBackend):
                 found[job].append(decoded)
         return found
 
+    # -- what removed jobs leave ----------------------------------------------------------------
+
+    def stored_jobs(self) -> list[str]:
+        try:
+            with self._rows() as db:
+                rows = db.execute(
+                    "SELECT job FROM anarchon_jobs WHERE prefix = ? UNION SELECT job FROM anarchon_runs WHERE "
+                    "prefix = ? UNION SELECT job FROM anarchon_events WHERE prefix = ?",
+                    (self.prefix, self.prefix, self.prefix),
+                ).fetchall()
+        except self.failure_errors as exc:
+            raise BrokerUnavailable(f"cannot list the jobs in {self.describe()}: {_first_line(exc)}") from exc
+        return sorted(str(job) for (job,) in rows)
+
+    def forget_job(self, job: str) -> None:
+        try:
+            with self._rows() as db:
+                for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events"):
+                    db.execute(f"DELETE FROM {table} WHERE prefix = ? AND job = ?", (self.prefix, job))
+        except self.failure_errors as exc:
+            raise BrokerUnavailable(f"cannot delete job {job!r} from {self.describe()}: {_first_line(exc)}") from exc
+
 
 class _Placeholders:
     """A connection whose statements are written with ``?`` placeholders."""

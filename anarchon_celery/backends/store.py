@@ -248,6 +248,18 @@ class StoreBackend(Backend):
         """See :meth:`handed_back`; may raise the store's errors."""
         return []
 
+    # -- what removed jobs leave ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def stored_jobs(self) -> list[str]:
+        """The jobs that have a cursor, run records or history under the prefix, sorted. Raises
+        BrokerUnavailable when the store cannot be read."""
+
+    @abc.abstractmethod
+    def forget_job(self, job: str) -> None:
+        """Delete ``job``'s cursor, run records and history under the prefix: a removed job's
+        state, which is otherwise kept for ever. Raises BrokerUnavailable when it cannot."""
+
     def _after_claims(self) -> None:
         """Housekeeping after each claim call (pruning old records); never raises."""
         return None
