@@ -3,9 +3,12 @@
 Every instance computes its runs from its own configuration, so two instances that disagree on a
 job (a rolling deploy that changes its time zone, an instance left on an old release) do not
 race for the same runs: each wins its own, and the job runs on the union of both schedules. A
-claim cannot tell, since each side's gates are its own. So instances tell each other how they
-define their jobs — a new instance announces its definitions, and every instance that hears it
-answers with its own — and each warns, once per other instance and job, with both definitions.
+claim cannot tell, since each side's gates are its own. Instances that agree on the schedule but
+not on the rest (the task, its arguments: two projects sharing a store and a prefix) do race for
+the same runs, and each run is sent as its winner defines it: the others' are lost. So
+instances tell each other how they define their jobs — a new instance announces its definitions,
+and every instance that hears it answers with its own — and each warns, once per other instance
+and job, with both definitions and what the difference does to the runs.
 Pure: the transport (a fanout exchange on RabbitMQ) is the backend's.
 """
 
@@ -60,16 +63,33 @@ class Peers:
             if mine == theirs or (other, job) in self._warned:
                 continue
             self._warned.add((other, job))
-            difference = _difference(mine, theirs if isinstance(theirs, dict) else None)
+            theirs = theirs if isinstance(theirs, dict) else None
+            difference = _difference(mine, theirs)
             self.found.append((other, job, difference))
             logger.warning(
-                "anarchon: job %r is defined differently by instance %s: %s. Each instance runs the "
-                "runs of its own definition, so until they agree the job runs on both schedules: "
-                "give every instance the same configuration (see 'Rolling deploys' in the README)",
+                "anarchon: job %r is defined differently by instance %s: %s. %s",
                 job,
                 other,
                 difference,
+                _consequence(mine, theirs),
             )
+
+
+def _consequence(mine: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None) -> str:
+    """What a disagreement does to the job's runs, and what to do."""
+    same = "Give every instance the same configuration (see 'Rolling deploys' in the README)"
+    if mine is None or theirs is None:
+        return f"Only the instances that have the job run it. {same}"
+    if mine.get("schedule") != theirs.get("schedule"):
+        return (
+            "Each instance decides the runs of its own schedule, so until they agree the job runs on "
+            f"both schedules. {same}"
+        )
+    return (
+        "Both decide the same runs and each run is sent by whichever wins it, as it defines the job: "
+        "runs of this definition are lost to the other one's, and the other's to this one. If these "
+        "are two projects, give each its own anarchon_prefix (or job names); else, " + same[0].lower() + same[1:]
+    )
 
 
 def _difference(mine: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None) -> str:
