@@ -26,6 +26,7 @@ from .backends.rabbitmq import survey
 from .backends.store import StoreBackend
 from .control import (
     Deployment,
+    check_prefix_unshared,
     configure,
     delete_history_stream,
     history,
@@ -322,6 +323,7 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
     def claims() -> str:
         backend = holder["d"].backend
         backend.check_claims()
+        check_prefix_unshared(holder["d"])
         if isinstance(backend, RabbitMQBackend):
             return "a gate can be declared, claimed and deleted under the prefix (permissions)"
         if not backend.leases:

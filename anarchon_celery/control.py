@@ -19,7 +19,7 @@ from .errors import BrokerError, ConfigError
 from .history import Run, encode_event, fold
 from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
 from .sending import instance_id, send_run, task_connection
-from .settings import LEASE_SETTINGS, Settings
+from .settings import LEASE_SETTINGS, LEGACY_PREFIX, Settings
 
 __all__ = [
     "ManualRun",
@@ -75,6 +75,25 @@ def configure(app: Any) -> Deployment:
         title=backend.title,
     )
     return Deployment(settings, backend, {job.name: job for job in jobs})
+
+
+def check_prefix_unshared(deployment: Deployment) -> None:
+    """ConfigError when the prefix is this release's default for the app and the backend keeps
+    runs of the same jobs under ``cron.``, the default of earlier releases: an upgraded deployment
+    (whose older instances decide there: both would send every run) or another project's jobs.
+    Either way, naming the prefix decides. After :meth:`Backend.open`."""
+    settings, backend = deployment.settings, deployment.backend
+    if "prefix" in settings.given or isinstance(settings.backend, Backend) or backend.prefix == LEGACY_PREFIX:
+        return
+    found = backend.jobs_with_state(LEGACY_PREFIX, sorted(deployment.jobs))
+    if found:
+        shown = ", ".join(repr(job) for job in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise ConfigError(
+            f"{backend.describe()} keeps runs of job(s) {shown} under the prefix {LEGACY_PREFIX!r}, the default "
+            f"of earlier releases, and this one's default for the app is {backend.prefix!r}. If they are this "
+            f"deployment's, set anarchon_prefix = {LEGACY_PREFIX!r} for every beat and worker (instances on two "
+            f"prefixes would each send every run); if another project's, set anarchon_prefix = {backend.prefix!r}"
+        )
 
 
 def history(app: Any, job: str, limit: int | None = None, *, deployment: Deployment | None = None) -> list[Run]:

@@ -23,7 +23,7 @@ from . import clock, stopping
 from .backends import Backend, Claim, Outcome, RabbitMQBackend
 from .backends.rabbitmq import reset_connection
 from .connections import keep_alive, negotiated_heartbeat
-from .control import configure
+from .control import check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
 from .jobs import BACKUP_MARGIN_MS, Job, backups_never_act, definition, live_gates, task_id_for
@@ -122,6 +122,7 @@ class Scheduler(beat.Scheduler):
             try:
                 backend.open()
                 backend.check_claims()  # the user's permissions, now rather than at each run
+                check_prefix_unshared(deployment)
                 reachable = True
             except BrokerUnavailable as exc:
                 # Not a reason to exit (and be restarted in a loop): claims keep trying to connect.

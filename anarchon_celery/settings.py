@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULTS", "LEASE_SETTINGS", "MAX_BACKUP_RUNNERS", "MINIMUMS", "Settings"]
+__all__ = [
+    "DEFAULTS",
+    "LEASE_SETTINGS",
+    "LEGACY_PREFIX",
+    "MAX_BACKUP_RUNNERS",
+    "MINIMUMS",
+    "Settings",
+    "default_prefix",
+]
 
 DEFAULTS: dict[str, Any] = {
     "anarchon_backend": None,
-    "anarchon_prefix": "cron.",
+    "anarchon_prefix": None,  # derived from the app's name: default_prefix()
     "anarchon_slot_ttl_ms": 300_000,
     "anarchon_jitter_ms": 2_000,
     "anarchon_max_late_ms": 60_000,
@@ -44,6 +53,22 @@ MINIMUMS: dict[str, int] = {
 }
 
 _OURS = "anarchon_"
+
+#: The default prefix of earlier releases, for every app: deployments that relied on it keep it
+#: by setting it (the scheduler refuses to start beside state left under it, see control.py).
+LEGACY_PREFIX = "cron."
+
+
+def default_prefix(app: Any) -> str:
+    """``<app main name>.cron.``: two projects sharing a broker or a store do not share runs by
+    default (generic job names are common). ``cron.`` for an app without a name."""
+    main = getattr(app, "main", None)
+    if not isinstance(main, str) or not main or main == "__main__":
+        return LEGACY_PREFIX
+    name = re.sub(r"[^A-Za-z0-9_\-.:]", "_", main).strip(".")[:90] or "app"
+    if name.startswith("amq."):  # names RabbitMQ reserves
+        name = f"app-{name}"
+    return f"{name}.cron."
 
 
 def check_minimum(shown: str, value: Any, minimum: int) -> int:
@@ -178,6 +203,8 @@ class Settings:
                 given.add(key)
                 spelt.append((key, spelling.shown(name, present)))
             values[key] = default if value is None and key != "backend" else value
+            if key == "prefix" and value is None:
+                values[key] = default_prefix(app)
             if key in MINIMUMS:  # named as the user wrote it
                 check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
             elif key == "prefix" and not isinstance(values[key], str):

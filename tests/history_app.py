@@ -12,14 +12,13 @@ from celery import Celery
 PREFIX = os.environ.get("HISTORY_APP_PREFIX", "histapp.")
 
 app = Celery(
-    "history_app",
+    os.environ.get("HISTORY_APP_MAIN", "history_app"),  # another project's name
     broker=os.environ.get("HISTORY_APP_BROKER")
     or os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
 )
 app.conf.update(
     imports=("anarchon_celery",),
     task_default_queue=f"{PREFIX}tasks",
-    anarchon_prefix=PREFIX,
     anarchon_slot_ttl_ms=int(os.environ.get("HISTORY_APP_SLOT_TTL_MS", "60000")),
     anarchon_max_late_ms=int(os.environ.get("HISTORY_APP_MAX_LATE_MS", "5000")),
     anarchon_lead_ms=int(os.environ.get("HISTORY_APP_LEAD_MS", "10000")),
@@ -37,6 +36,8 @@ app.conf.update(
 )
 if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the process tests
     app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
+if os.environ.get("HISTORY_APP_ANARCHON_PREFIX") != "default":  # else the app's own default
+    app.conf.anarchon_prefix = os.environ.get("HISTORY_APP_ANARCHON_PREFIX") or PREFIX
 if os.environ.get("HISTORY_APP_FIVE_TZ"):  # every 5 minutes on a wall clock with DST
     app.conf.beat_schedule["five"] = {
         "task": "history_app.fine",

@@ -122,6 +122,18 @@ def test_runs_claimed_in_any_order_are_each_won_once(make_backend: Any) -> None:
     assert a.claim(claims, "a") == [Outcome.LOST] * 3
 
 
+def test_jobs_with_state_under_a_prefix_are_found(make_backend: Any) -> None:
+    # How a deployment of an earlier release, whose default prefix was another, is found.
+    a = make_backend()
+    now = clock.now_ms()
+    assert a.claim([Claim("job", now)], "a") == [Outcome.WON]
+    a.ensure_history("job", 5)
+    a.record("job", encode_event("sent", run="r", job="job", at_ms=now), 5)
+    expected = [] if isinstance(a, MemoryBackend) else ["job"]
+    assert a.jobs_with_state(a.prefix, ["job", "other"]) == expected
+    assert a.jobs_with_state(f"{a.prefix}elsewhere.", ["job"]) == []
+
+
 def test_each_win_is_reported_once_as_it_is_known(make_backend: Any) -> None:
     a, b = make_backend(), make_backend()
     assert a.claim([Claim("x", 1)], "a") == [Outcome.WON]

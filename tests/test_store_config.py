@@ -6,6 +6,7 @@ the SQL a DBA runs instead of granting CREATE, run for real."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import sys
@@ -259,3 +260,62 @@ def test_a_postgres_user_without_create_and_the_sql_a_dba_runs_instead(
 def test_a_postgres_role_that_does_not_exist(beat_env: dict[str, str], tmp_path: Path, postgres_url: str) -> None:
     url = _as_user(postgres_url, "no_such_role")
     stopped_in_one_line(dict(beat_env, HISTORY_APP_BACKEND=url), tmp_path, 'role "no_such_role" does not exist')
+
+
+@pytest.mark.timeout(120)
+def test_two_projects_on_one_store_each_run_every_run_of_their_own(
+    beat_env: dict[str, str], tmp_path: Path, redis_url: str
+) -> None:
+    # Two apps with a job of the same name, on the same Redis with the default prefix: each
+    # app's default is its own (<main>.cron.), so neither loses runs to the other.
+    from .test_faults import Fleet
+
+    mains = [f"proj_{side}_{uuid.uuid4().hex[:6]}" for side in "ab"]
+    envs = [
+        dict(beat_env, HISTORY_APP_MAIN=main, HISTORY_APP_ANARCHON_PREFIX="default", HISTORY_APP_BACKEND=redis_url)
+        for main in mains
+    ]
+    fleet = Fleet(tmp_path, envs)
+    try:
+        fleet.wait_ready()
+        for index in range(2):
+            assert f"(prefix '{mains[index]}.cron.')" in fleet.text(index)
+        fleet.wait_any("won, sent", fleet.offsets())
+        time.sleep(6)
+        fleet.stop()
+    finally:
+        fleet.kill()
+        for main in mains:
+            delete_redis_keys(redis_url, f"{main}.cron.")
+    won = [
+        {int(slot) for slot in re.findall(r"job 'every' slot (\d+): won, sent", fleet.text(index))}
+        for index in range(2)
+    ]
+    assert len(won[0] & won[1]) >= 3, won  # every run, by each project
+    assert not any(
+        "job 'every' slot" in line and ": lost" in line for index in range(2) for line in fleet.text(index).splitlines()
+    )
+
+
+@pytest.mark.timeout(120)
+def test_state_under_the_former_default_prefix_stops_beat_until_the_prefix_is_named(
+    beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    from anarchon_celery import Claim, SQLiteBackend
+
+    path = tmp_path / "anarchon.db"
+    earlier = SQLiteBackend(path, prefix="cron.")  # a deployment of an earlier release
+    earlier.open()
+    assert len(earlier.claim([Claim("every", int(time.time() * 1000))], "earlier:1")) == 1
+    earlier.close()
+    env = dict(beat_env, HISTORY_APP_ANARCHON_PREFIX="default", HISTORY_APP_BACKEND=f"sqlite:///{path}")
+    line = stopped_in_one_line(env, tmp_path, "keeps runs of job(s) 'every' under the prefix 'cron.'")
+    assert "set anarchon_prefix = 'cron.' for every beat and worker" in line
+    assert "set anarchon_prefix = 'history_app.cron.'" in line
+    check_fails(env, "under the prefix 'cron.'")
+    log = tmp_path / "named.log"
+    beat = start_beat(dict(env, HISTORY_APP_ANARCHON_PREFIX="cron."), log)  # named: it runs there
+    try:
+        wait_for(log, "won, sent", beat)
+    finally:
+        kill(beat)

@@ -285,6 +285,12 @@ class Backend(abc.ABC):
         """Raise :class:`~anarchon_celery.BrokerError` when history cannot be kept here."""
         return None
 
+    def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
+        """Which of ``jobs`` have state here under another ``prefix`` (a cursor, or a history
+        stream on RabbitMQ), after :meth:`open`: whether a deployment kept its runs there. The
+        default finds none. Raises :class:`~anarchon_celery.BrokerError` when it cannot look."""
+        return []
+
     @abc.abstractmethod
     def describe(self) -> str:
         """What and where this backend is, for logs and banners; never shows a password."""

@@ -409,6 +409,16 @@ class RedisBackend(StoreBackend):
                 found.setdefault(rest.split(".", 1)[0], []).append(key)
         return found
 
+    def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for job in jobs:
+                    pipe.exists(f"{prefix}cursor.{job}")
+                counts = pipe.execute()
+        except (self._refused, *self._errors) as exc:
+            raise BrokerUnavailable(f"cannot look up jobs in {self.describe()}: {exc}") from exc
+        return sorted(job for job, count in zip(jobs, counts) if count)
+
     def stored_jobs(self) -> list[str]:
         try:
             return sorted(self._job_keys("*"))

@@ -318,6 +318,19 @@ class SqlBackend(StoreBackend):
             raise BrokerUnavailable(f"cannot list the jobs in {self.describe()}: {_first_line(exc)}") from exc
         return sorted(str(job) for (job,) in rows)
 
+    def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
+        if not jobs:
+            return []
+        try:
+            with self._rows() as db:
+                rows = db.execute(
+                    f"SELECT job FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
+                    (prefix, *jobs),
+                ).fetchall()
+        except self.failure_errors as exc:
+            raise BrokerUnavailable(f"cannot look up jobs in {self.describe()}: {_first_line(exc)}") from exc
+        return sorted(str(job) for (job,) in rows)
+
     def forget_job(self, job: str) -> None:
         try:
             with self._rows() as db:

@@ -29,7 +29,7 @@ from .link import (
     own_connection_options,
     text,
 )
-from .names import gate_arguments, gate_name
+from .names import gate_arguments, gate_name, history_name
 from .sharing import Sharing
 from .streams import Streams
 
@@ -262,6 +262,27 @@ class RabbitMQBackend(Backend):
         except self.link.errors() as exc:
             self.link.discard(connection_lost=True)
             raise BrokerUnavailable(f"cannot check the claims on {self.connection.as_uri()}: {exc}") from exc
+
+    def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
+        """The jobs with a history stream under ``prefix`` (a passive declare each)."""
+        found = []
+        try:
+            raw = self.link.connect(self.confirm_timeout)
+            channel = raw.channel()
+            try:
+                for job in jobs:
+                    try:
+                        channel.queue_declare(history_name(prefix, job), passive=True)
+                        found.append(job)
+                    except amqp.exceptions.NotFound:  # closes the channel
+                        channel = raw.channel()
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+        except self.link.errors() as exc:
+            self.link.discard(connection_lost=True)
+            raise BrokerUnavailable(f"cannot look up history streams on {self.connection.as_uri()}: {exc}") from exc
+        return found
 
     # -- history ------------------------------------------------------------------------------
 
