@@ -62,6 +62,8 @@ MARK_AGAIN_S = 1.0
 #: While this instance is a backup of runs, it listens for their leases being handed back at
 #: least this often (seconds).
 HANDBACK_POLL_S = 0.5
+#: Seconds between two questions to a backend that could not say where it decides runs.
+PLACE_AGAIN_S = 60.0
 
 
 class Scheduler(beat.Scheduler):
@@ -102,6 +104,7 @@ class Scheduler(beat.Scheduler):
         #: 0 while connecting for the tasks works; after a failed attempt, the time.monotonic()
         #: before which _connect_sender does not try again.
         self._connect_after = 0.0
+        self._place_asked_at = -PLACE_AGAIN_S
         self._busy = False
         self._stop_requested: tuple[Any, int, Any] | None = None
         self._signal_handlers: dict[int, tuple[Any, Any]] = {}
@@ -503,6 +506,7 @@ class Scheduler(beat.Scheduler):
         backend = self.backend
         won: dict[tuple[str, int], Outgoing] = {}
         token = 1 if backend.leases else 0  # a first win's; a takeover's is the next
+        self._tell_place(backend)
 
         def outgoing(claim: Claim) -> Outgoing:
             return self._outgoing(claim, now, token)
@@ -663,6 +667,14 @@ class Scheduler(beat.Scheduler):
     @cached_property
     def sender(self) -> TaskSender:
         return TaskSender(self.app, self.connection, instance=self.instance)
+
+    def _tell_place(self, backend: Backend) -> None:
+        """Have the task messages name where their runs are decided (:meth:`Backend.place`),
+        asked of the backend until it can tell (a store away: at most once a minute)."""
+        sender = self.sender
+        if sender.place is None and time.monotonic() >= self._place_asked_at + PLACE_AGAIN_S:
+            self._place_asked_at = time.monotonic()
+            sender.place = backend.place()
 
     def _connect_sender(self) -> None:
         """Have the task connection and its channel open before the runs come due (at start, and

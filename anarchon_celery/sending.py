@@ -67,7 +67,14 @@ def instance_id() -> str:
 
 
 def run_headers(
-    job: Job, *, slot: int, run_id: str, trigger: str, token: int = 0, instance: str | None = None
+    job: Job,
+    *,
+    slot: int,
+    run_id: str,
+    trigger: str,
+    token: int = 0,
+    instance: str | None = None,
+    place: str | None = None,
 ) -> dict[str, Any]:
     """The headers a run's task message carries, on top of the job's own: with a fencing token
     (``anarchon_token``) on a backend with leases, which the worker checks before it starts, and
@@ -83,6 +90,8 @@ def run_headers(
         headers["anarchon_token"] = token
     if instance:
         headers["anarchon_instance"] = instance
+    if place:
+        headers["anarchon_place"] = place  # where the run was decided (Backend.place)
     return headers
 
 
@@ -138,6 +147,8 @@ class TaskSender:
         self.connection = connection
         #: Who sends, named in each message (``anarchon_instance``).
         self.instance = instance
+        #: Where the runs sent were decided (Backend.place), named in each message.
+        self.place: str | None = None
         #: When each run's message was last written, by task id (epoch ms): for its history.
         self.written_at: dict[str, int] = {}
         self._channel: Any = None
@@ -286,7 +297,13 @@ class TaskSender:
         run = runs[i]
         options = dict(run.job.options)
         options["headers"] = run_headers(
-            run.job, slot=run.slot, run_id=run.run_id, trigger=run.trigger, token=run.token, instance=self.instance
+            run.job,
+            slot=run.slot,
+            run_id=run.run_id,
+            trigger=run.trigger,
+            token=run.token,
+            instance=self.instance,
+            place=self.place if run.trigger == "schedule" else None,
         )
         confirms.runs[run.task_id] = i
         try:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from celery.signals import task_postrun, task_prerun, task_revoked, worker_process_shutdown, worker_shutdown
 
-from . import clock, fencing
+from . import clock, fencing, splits
 from .history import encode_event
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush", "run_headers_of"]
@@ -82,6 +82,7 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
         "slot": get("anarchon_slot"),
         "trigger": get("anarchon_trigger"),
         "instance": get("anarchon_instance"),
+        "place": get("anarchon_place"),
     }
 
 
@@ -406,6 +407,10 @@ def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
 
 @task_prerun.connect
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    if task is not None:
+        run = run_headers_of(task.request)
+        if run is not None:
+            splits.notice(run["job"], run["place"], run["instance"])
     # A task refused by its run's lease (a second message of the run) is not run: no history.
     if task is not None and fencing.check(task):
         _record(task, task.request, "running")

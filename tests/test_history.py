@@ -278,9 +278,23 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
             "anarchon_instance": "h:1",
         }
     )
-    assert run_headers_of(sent) == {"run": "r", "job": "j", "slot": 5, "trigger": "manual", "instance": "h:1"}
+    assert run_headers_of(sent) == {
+        "run": "r",
+        "job": "j",
+        "slot": 5,
+        "trigger": "manual",
+        "instance": "h:1",
+        "place": None,
+    }
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
         headers={}, anarchon_run="r", anarchon_job="j", anarchon_slot=5, anarchon_trigger=None
     )
-    assert run_headers_of(as_attributes) == {"run": "r", "job": "j", "slot": 5, "trigger": None, "instance": None}
+    assert run_headers_of(as_attributes) == {
+        "run": "r",
+        "job": "j",
+        "slot": 5,
+        "trigger": None,
+        "instance": None,
+        "place": None,
+    }

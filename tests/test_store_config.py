@@ -319,3 +319,39 @@ def test_state_under_the_former_default_prefix_stops_beat_until_the_prefix_is_na
         wait_for(log, "won, sent", beat)
     finally:
         kill(beat)
+
+
+@pytest.mark.timeout(150)
+def test_beats_that_decide_runs_in_two_places_are_named_by_the_worker(beat_env: dict[str, str], tmp_path: Path) -> None:
+    # The same relative SQLite path, two working directories (a systemd unit runs in /, a shell
+    # elsewhere): two database files, each beat wins every run. The worker that gets both sends'
+    # messages names the two places and the two instances.
+    from .test_backup_runners import _worker
+
+    envs, beats, logs = [], [], []
+    for side in "ab":
+        (tmp_path / side / "state").mkdir(parents=True)
+        envs.append(dict(beat_env, HISTORY_APP_BACKEND="sqlite:///state/anarchon.db"))
+        logs.append(tmp_path / f"beat-{side}.log")
+    worker_log = tmp_path / "worker.log"
+    worker = None
+    try:
+        for side, env, log in zip("ab", envs, logs):
+            args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="]
+            beats.append(start_celery(args, log, env, app="tests.history_app", cwd=tmp_path / side))
+        worker_env = dict(beat_env, HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'a' / 'state' / 'anarchon.db'}")
+        worker = _worker(worker_env, worker_log)
+        deadline = time.monotonic() + 90
+        while "are decided in 2 places" not in worker_log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, worker_log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    finally:
+        for beat in beats:
+            kill(beat)
+        if worker is not None:
+            kill(worker)  # type: ignore[arg-type]
+    [line] = [line for line in worker_log.read_text(errors="replace").splitlines() if "decided in 2 places" in line]
+    assert "ERROR/" in line and "the runs of job 'every' are decided in 2 places" in line, line
+    assert line.count("SQLite store ") == 2 and "Give every beat the same anarchon_backend" in line
+    for beat in beats:
+        assert f":{beat.pid} in SQLite store " in line, line

@@ -285,6 +285,14 @@ class Backend(abc.ABC):
         """Raise :class:`~anarchon_celery.BrokerError` when history cannot be kept here."""
         return None
 
+    def place(self) -> str | None:
+        """Where this backend decides runs, as text that two instances compare: equal exactly when
+        they decide in the same place (the same store and prefix, however each one's URL spells
+        it). Carried in each task message, so that workers notice instances that decide one job's
+        runs in two places (:mod:`anarchon_celery.splits`). None until it can be told (after
+        :meth:`open`); never raises."""
+        return None
+
     def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
         """Which of ``jobs`` have state here under another ``prefix`` (a cursor, or a history
         stream on RabbitMQ), after :meth:`open`: whether a deployment kept its runs there. The

@@ -6,6 +6,8 @@ RabbitMQ would. It is not shared between processes.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -95,6 +97,9 @@ class MemoryBackend(Backend):
 
     def describe(self) -> str:
         return f"memory (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
+
+    def place(self) -> str:
+        return f"the memory of process {socket.gethostname()}:{os.getpid()}, prefix {self.prefix!r}"
 
     def close(self) -> None:
         pass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -408,6 +409,12 @@ class RedisBackend(StoreBackend):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)
         return found
+
+    def _store_id(self) -> str:
+        key = f"{self.prefix}store-id"  # under the prefix: an ACL may allow no other key
+        self.client.set(key, secrets.token_hex(8), nx=True)
+        value = self.client.get(key)
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def jobs_with_state(self, prefix: str, jobs: Sequence[str]) -> list[str]:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -303,6 +304,17 @@ class SqlBackend(StoreBackend):
             if decoded is not None:
                 found[job].append(decoded)
         return found
+
+    def _store_id(self) -> str:
+        # A row of anarchon_jobs under a prefix no deployment can have ('#'): no table to add.
+        with self._rows() as db:
+            db.execute(
+                "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES ('#', 'store-id', ?) "
+                "ON CONFLICT (prefix, job) DO NOTHING",
+                (secrets.randbits(62),),
+            )
+            (value,) = db.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = '#' AND job = 'store-id'").fetchone()
+        return f"{int(value):016x}"
 
     # -- what removed jobs leave ----------------------------------------------------------------
 

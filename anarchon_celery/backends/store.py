@@ -248,6 +248,26 @@ class StoreBackend(Backend):
         """See :meth:`handed_back`; may raise the store's errors."""
         return []
 
+    # -- where runs are decided -----------------------------------------------------------------
+
+    _place: str | None = None
+
+    def place(self) -> str | None:
+        """An identity kept in the store itself (made once, by whoever comes first), with the
+        prefix: two URLs of one store (a host name and its address, a relative path resolved in
+        two directories) compare as they really are."""
+        if self._place is None:
+            try:
+                kind = type(self).__name__.removesuffix("Backend")
+                self._place = f"{kind} store {self._store_id()}, prefix {self.prefix!r}"
+            except (*self.answer_lost_errors, *self.failure_errors) as exc:
+                logger.debug("anarchon: %s cannot say which store it is (%s)", self.describe(), exc)
+        return self._place
+
+    @abc.abstractmethod
+    def _store_id(self) -> str:
+        """The store's identity, made at its first use; may raise the store's errors."""
+
     # -- what removed jobs leave ---------------------------------------------------------------
 
     @abc.abstractmethod

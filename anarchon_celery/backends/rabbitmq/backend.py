@@ -164,6 +164,17 @@ class RabbitMQBackend(Backend):
     def describe(self) -> str:
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"
 
+    def place(self) -> str | None:
+        """The cluster's name (the same from every node) and the vhost: not the URL's host."""
+        if not self.link.opened:
+            return None
+        try:
+            properties = self.connection.connection.server_properties or {}
+        except Exception:  # noqa: BLE001 - no connection now: told later
+            return None
+        cluster = text(properties.get("cluster_name", b"?"))
+        return f"RabbitMQ cluster {cluster!r}, vhost {self.connection.virtual_host!r}, prefix {self.prefix!r}"
+
     def max_idle_s(self) -> float | None:
         heartbeat = negotiated_heartbeat(self.connection)
         return max(1.0, heartbeat / 3) if heartbeat else None
