@@ -29,9 +29,14 @@ def say(text: str) -> None:
     print(f"{Path(sys.argv[0]).name}: {text}", file=sys.stderr, flush=True)
 
 
-def fail(text: str) -> None:
+#: The exit status of `start` when the cluster (or its ports) is in use: nothing was started, so
+#: the caller has nothing to stop.
+BUSY = 3
+
+
+def fail(text: str, status: int = 1) -> None:
     say(text)
-    raise SystemExit(1)
+    raise SystemExit(status)
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,35 @@ class Node:
         cookie.write_text(self.cookie)
         cookie.chmod(0o600)
 
+    def processes(self) -> list[int]:
+        """The pids of this node's Erlang VMs, found by the node name in their environment: a
+        node still booting (no AMQP port yet) or left without a pid file is found too."""
+        needle = f"RABBITMQ_NODENAME={self.node}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if b"beam" in (entry / "cmdline").read_bytes() and needle in (entry / "environ").read_bytes().split(
+                    b"\0"
+                ):
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        return found
+
+    def ports_taken(self) -> list[int]:
+        """This node's ports (AMQP, distribution) that something else listens on."""
+        taken = []
+        for port in (self.amqp_port, self.dist_port):
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    taken.append(port)
+        return taken
+
     def answers(self) -> bool:
         """Whether the node takes AMQP connections (a TCP connect is enough here)."""
         try:
@@ -242,13 +276,15 @@ class Node:
         self.ctl("await_startup", "--timeout", str(START_TIMEOUT_S), timeout=START_TIMEOUT_S + 10)
 
     def stop(self) -> None:
-        """Stop the node cleanly, or kill it if it will not stop."""
+        """Stop the node cleanly, or kill it if it will not stop: no process of it is left."""
         pid = self.pid()
         if self.ctl("stop", timeout=90, check=False).returncode != 0 and pid is not None:
             kill(pid)
         deadline = time.monotonic() + 30
-        while self.answers() and time.monotonic() < deadline:
+        while (self.answers() or self.processes()) and time.monotonic() < deadline:
             time.sleep(0.2)
+        for left in self.processes():
+            kill(left)
 
     def kill(self) -> None:
         """SIGKILL the node's Erlang VM, as a machine lost at once."""
@@ -273,7 +309,7 @@ def kill(pid: int) -> None:
 def stop_nodes(nodes: list[Node]) -> None:
     """Stop the nodes that run (all of one version), then their epmd."""
     for node in nodes:
-        if node.answers() or node.pid() is not None:
+        if node.answers() or node.pid() is not None or node.processes():
             node.stop()
     stop_epmd(nodes[0].version)
 

@@ -9,11 +9,14 @@ touched, and the other clusters on it are not affected.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from anarchon_celery import Claim, Outcome, RabbitMQBackend
 
@@ -22,6 +25,31 @@ from .broker_control import RABBITMQ, ROOT
 SCRIPT = str(ROOT / "scripts" / "rabbitmq-cluster")
 VERSION = "4" if RABBITMQ == "4" else "3.10"
 NODES = [f"anarchon-{'a' if VERSION == '3.10' else 'b'}{n}@localhost" for n in (1, 2, 3)]
+
+
+#: `rabbitmq-cluster start`'s status when the cluster or its ports are in use (nothing started).
+BUSY = 3
+
+
+class ClusterBusy(AssertionError):
+    """The cluster's nodes or ports are in use by something else: its fixture must not stop them."""
+
+
+@contextlib.contextmanager
+def started_cluster(*options: str) -> Iterator[list[str]]:
+    """A fresh cluster (its URLs), stopped afterwards whatever happened, but one this run did not
+    start (another run holds it): that one is left alone."""
+    try:
+        urls = cluster(*options, "start").split(";")
+    except ClusterBusy as exc:
+        pytest.fail(str(exc))
+    except BaseException:
+        cluster("stop")  # a start that failed half way: what it started
+        raise
+    try:
+        yield urls
+    finally:
+        cluster("stop")
 
 
 def cluster(*args: str, timeout: float = 300) -> str:
@@ -33,6 +61,8 @@ def cluster(*args: str, timeout: float = 300) -> str:
         timeout=timeout,
         check=False,
     )
+    if done.returncode == BUSY and "start" in args:
+        raise ClusterBusy(f"rabbitmq-cluster {' '.join(args)}: {done.stderr}")
     assert done.returncode == 0, f"rabbitmq-cluster {' '.join(args)}: {done.stderr}"
     return done.stdout.strip()
 

@@ -12,7 +12,18 @@ import pytest
 from anarchon_celery import Claim, ConfigError, Outcome, RabbitMQBackend
 
 from .broker_control import BROKER
-from .cluster_control import SCRIPT, VERSION, check, cluster, cut_off_node_1, decided, heal, rabbit_running, wait_for
+from .cluster_control import (
+    SCRIPT,
+    VERSION,
+    check,
+    cluster,
+    cut_off_node_1,
+    decided,
+    heal,
+    rabbit_running,
+    started_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 
@@ -20,10 +31,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 @pytest.fixture(scope="module")
 def urls() -> Iterator[list[str]]:
     """A fresh 3-node cluster for the module's tests, stopped after them."""
-    try:
-        yield cluster("start").split(";")
-    finally:
-        cluster("stop")
+    with started_cluster() as started:
+        yield started
 
 
 @pytest.mark.timeout(300)
@@ -200,3 +209,19 @@ def test_with_pause_minority_only_the_majority_wins_across_a_partition(urls: lis
     finally:
         minority.close()
         majority.close()
+
+
+def test_start_says_when_its_ports_are_taken_and_starts_nothing() -> None:
+    import socket
+
+    from .cluster_control import ClusterBusy
+
+    port = 5702 if VERSION == "3.10" else 5712  # node 2's AMQP port
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(ClusterBusy, match=rf"ports \[{port}\] are taken by another process"):
+            cluster("start")
+    with pytest.raises(OSError):  # nothing was started: node 1 does not answer
+        socket.create_connection(("127.0.0.1", port - 1), timeout=2).close()

@@ -12,17 +12,15 @@ import pytest
 
 from anarchon_celery import Claim, Outcome, RabbitMQBackend
 
-from .cluster_control import SCRIPT, VERSION, check, cluster, cut_off_node_1, heal
+from .cluster_control import SCRIPT, VERSION, check, cut_off_node_1, heal, started_cluster
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
 def urls() -> Iterator[list[str]]:
-    try:
-        yield cluster("--partition-handling", "ignore", "start").split(";")
-    finally:
-        cluster("stop")
+    with started_cluster("--partition-handling", "ignore") as started:
+        yield started
 
 
 @pytest.mark.timeout(300)
