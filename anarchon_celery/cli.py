@@ -27,6 +27,7 @@ from .backends.store import StoreBackend
 from .control import (
     Deployment,
     check_prefix_unshared,
+    classic_task_queues_on_a_cluster,
     configure,
     delete_history_stream,
     history,
@@ -348,12 +349,26 @@ def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
         backend.check_history()
         return "history streams can be created" if isinstance(backend, RabbitMQBackend) else "history can be kept"
 
+    def tasks(classic: list[str]) -> str:
+        if not classic:
+            return "the task queues are replicated (quorum or stream): they outlive a node"
+        raise Warned(
+            f"task queue(s) {', '.join(classic)} are classic queues on a cluster: each lives on one node, and "
+            "when that node is lost the beats' sends fail (404, its home node is down) and the workers "
+            "consuming it exit. Declare them quorum queues: task_default_queue_type = 'quorum' (Celery 5.5), "
+            "or Queue(..., queue_arguments={'x-queue-type': 'quorum'}); see 'The task side of a cluster' in "
+            "the README"
+        )
+
     with opened:
         if step("config", config) and nodes():
             rabbit = isinstance(holder["d"].backend, RabbitMQBackend)
             if step("broker" if rabbit else "store", broker):
                 step("claims", claims)
                 step("streams" if rabbit else "history", streams)
+            classic = classic_task_queues_on_a_cluster(ctx.obj.app, holder["d"])
+            if classic is not None:
+                step("tasks", lambda: tasks(classic))
     ok = all(c["ok"] for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": ok, "checks": checks}))

@@ -18,7 +18,7 @@ from .backends.rabbitmq import history_name
 from .errors import BrokerError, ConfigError
 from .history import Run, encode_event, fold
 from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
-from .sending import instance_id, send_run, task_connection
+from .sending import has_publisher_confirms, instance_id, send_run, task_connection
 from .settings import LEASE_SETTINGS, LEGACY_PREFIX, Settings
 
 __all__ = [
@@ -75,6 +75,28 @@ def configure(app: Any) -> Deployment:
         title=backend.title,
     )
     return Deployment(settings, backend, {job.name: job for job in jobs})
+
+
+def classic_task_queues_on_a_cluster(app: Any, deployment: Deployment) -> list[str] | None:
+    """The app's task queues that are classic queues, when its tasks go to a RabbitMQ cluster
+    (the task broker's URL lists several nodes, or the claims go to several); None when the tasks
+    do not go to a cluster as far as the configuration tells. No I/O."""
+    connection = app.connection_for_write()
+    try:
+        if not has_publisher_confirms(connection):
+            return None  # not RabbitMQ
+        nodes = len(connection.alt or ()) > 1
+    finally:
+        connection.release()
+    backend = deployment.backend
+    if not nodes and not (isinstance(backend, RabbitMQBackend) and backend.link.several_nodes):
+        return None
+    classic = []
+    for name, queue in sorted(app.amqp.queues.items()):
+        arguments = queue.queue_arguments or {}
+        if arguments.get("x-queue-type", "classic") == "classic":
+            classic.append(name)
+    return classic
 
 
 def check_prefix_unshared(deployment: Deployment) -> None:

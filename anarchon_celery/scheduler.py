@@ -617,12 +617,13 @@ class Scheduler(beat.Scheduler):
             job = run.job
             if error is not None:  # a failed send must not stop the other jobs
                 logger.error(
-                    "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r",
+                    "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r%s",
                     job.name,
                     run.slot,
                     job.task,
                     run.task_id,
                     error,
+                    _hint_for(error),
                     exc_info=error,
                 )
                 continue
@@ -755,6 +756,17 @@ class Scheduler(beat.Scheduler):
                 self._restore_signals()
                 stopping.reset()
         logger.info("anarchon: %s stopped", self.instance)
+
+
+def _hint_for(error: BaseException) -> str:
+    """What to change, when a send failed for a reason the configuration decides."""
+    if "home node" in str(error):  # RabbitMQ: a classic queue whose node is down or unreachable
+        return (
+            ". The task queue is a classic queue that lives on a cluster node now lost: declare the task "
+            "queues quorum queues (task_default_queue_type = 'quorum'), see 'The task side of a cluster' "
+            "in the README"
+        )
+    return ""
 
 
 def _warn_superseded(runs: list[tuple[str, int, int]], named: int = 20) -> None:

@@ -38,6 +38,8 @@ if os.environ.get("HISTORY_APP_EVERY"):  # a job every N seconds, for the proces
     app.conf.beat_schedule["every"] = {"task": "history_app.fine", "schedule": float(os.environ["HISTORY_APP_EVERY"])}
 if os.environ.get("HISTORY_APP_ANARCHON_PREFIX") != "default":  # else the app's own default
     app.conf.anarchon_prefix = os.environ.get("HISTORY_APP_ANARCHON_PREFIX") or PREFIX
+if os.environ.get("HISTORY_APP_TASK_QUEUE_TYPE"):  # Celery's task_default_queue_type (5.5)
+    app.conf.task_default_queue_type = os.environ["HISTORY_APP_TASK_QUEUE_TYPE"]
 if os.environ.get("HISTORY_APP_FIVE_TZ"):  # every 5 minutes on a wall clock with DST
     app.conf.beat_schedule["five"] = {
         "task": "history_app.fine",

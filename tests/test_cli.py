@@ -122,6 +122,25 @@ def test_check_passes_on_a_good_config(app_env: dict[str, str]) -> None:
     assert f"RabbitMQ {version}" in report["checks"][1]["detail"] and "guest:**@" in report["checks"][1]["detail"]
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_check_says_whether_the_task_queues_outlive_a_node_of_a_cluster(
+    app_env: dict[str, str], broker_url: str, queue_type: str
+) -> None:
+    # Two URLs: a cluster, as far as the configuration tells (here both reach this machine's node).
+    nodes = f"{broker_url};{broker_url.replace('127.0.0.1', 'localhost')}"
+    env = dict(app_env, HISTORY_APP_BROKER=nodes, HISTORY_APP_TASK_QUEUE_TYPE=queue_type)
+    done = celery(env, "anarchon", "check", "--json")
+    [tasks] = [c for c in json.loads(done.stdout)["checks"] if c["check"] == "tasks"]
+    if queue_type == "classic":
+        queue = f"{app_env['HISTORY_APP_PREFIX']}tasks"
+        assert tasks.get("warn") and f"task queue(s) {queue} are classic" in tasks["detail"]
+        assert "task_default_queue_type = 'quorum'" in tasks["detail"]
+    else:
+        assert not tasks.get("warn") and "replicated" in tasks["detail"]
+    single = celery(app_env, "anarchon", "check", "--json")  # one node: nothing to say
+    assert "tasks" not in [c["check"] for c in json.loads(single.stdout)["checks"]]
+
+
 SQLITE_CHECKS = [("ok", "config"), ("ok", "store"), ("ok", "claims"), ("ok", "history")]
 
 
