@@ -40,6 +40,9 @@ if os.environ.get("HISTORY_APP_ANARCHON_PREFIX") != "default":  # else the app's
     app.conf.anarchon_prefix = os.environ.get("HISTORY_APP_ANARCHON_PREFIX") or PREFIX
 if os.environ.get("HISTORY_APP_TASK_QUEUE_TYPE"):  # Celery's task_default_queue_type (5.5)
     app.conf.task_default_queue_type = os.environ["HISTORY_APP_TASK_QUEUE_TYPE"]
+if os.environ.get("HISTORY_APP_CLUSTER_WORKER"):  # the README's settings for a worker on a cluster
+    app.conf.worker_enable_remote_control = False
+    app.conf.broker_connection_retry_on_startup = True
 if os.environ.get("HISTORY_APP_FIVE_TZ"):  # every 5 minutes on a wall clock with DST
     app.conf.beat_schedule["five"] = {
         "task": "history_app.fine",

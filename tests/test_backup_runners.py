@@ -23,6 +23,7 @@ from kombu import Connection
 from anarchon_celery import task_id_for
 
 from .stores import delete_postgres_rows, delete_redis_keys
+from .test_cli import celery
 from .test_faults import (
     APP,
     ROOT,
@@ -260,15 +261,8 @@ def _assert_history_names_the_starter(env: dict[str, str], task_id: str, beats: 
     message started it, with its own send time; every run was sent before it started."""
     deadline = time.monotonic() + 60
     while True:
-        done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", APP, "anarchon", "history", "every", "-n", "500", "--json"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
+        done = celery(env, "anarchon", "history", "every", "-n", "500", "--json")
+        assert done.returncode == 0, done.stderr
         runs = json.loads(done.stdout)
         run = next((r for r in runs if r["task_id"] == task_id), None)
         if run is not None and run["status"] == "succeeded":

@@ -4,14 +4,19 @@ backend given every node moves to another by itself when its node is killed, and
 from __future__ import annotations
 
 import logging
+import os
+import re
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from anarchon_celery import Claim, ConfigError, Outcome, RabbitMQBackend
 
-from .broker_control import BROKER
+from .broker_control import BROKER, ROOT
 from .cluster_control import (
     SCRIPT,
     VERSION,
@@ -225,3 +230,58 @@ def test_start_says_when_its_ports_are_taken_and_starts_nothing() -> None:
             cluster("start")
     with pytest.raises(OSError):  # nothing was started: node 1 does not answer
         socket.create_connection(("127.0.0.1", port - 1), timeout=2).close()
+
+
+@pytest.mark.timeout(400)
+def test_with_the_documented_settings_a_worker_executes_every_run_through_a_node_lost(
+    urls: list[str], tmp_path: Path
+) -> None:
+    """Two beats and a real worker on the cluster, with quorum task queues and no remote control
+    (README: 'The task side of a cluster'); node 1, which every one of them reaches first, is
+    SIGKILLed and started again: every run is executed, once."""
+    from anarchon_celery import task_id_for
+
+    from .test_backup_runners import _worker
+    from .test_faults import Fleet, kill
+
+    prefix = f"t-{uuid.uuid4().hex[:10]}."
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HISTORY_APP_PREFIX=prefix,
+        HISTORY_APP_BROKER=";".join(urls),
+        HISTORY_APP_EVERY="2",
+        HISTORY_APP_MAX_LATE_MS="40000",
+        HISTORY_APP_SLOT_TTL_MS="120000",
+        HISTORY_APP_HISTORY_SIZE="0",
+        HISTORY_APP_TASK_QUEUE_TYPE="quorum",
+        HISTORY_APP_CLUSTER_WORKER="1",
+    )
+    worker_log = tmp_path / "worker.log"
+    worker = _worker(env, worker_log)
+    fleet = Fleet(tmp_path, [env, env])
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent", fleet.offsets())
+        time.sleep(6)
+        cluster("kill", "1")
+        time.sleep(10)
+        cluster("start-node", "1")
+        time.sleep(10)
+        fleet.stop()
+        sent = sorted(
+            {int(s) for i in range(2) for s in re.findall(r"job 'every' slot (\d+): won, sent", fleet.text(i))}
+        )
+        expected = {task_id_for(prefix, "every", slot) for slot in range(sent[0], sent[-1] + 1, 2000)}
+        deadline = time.monotonic() + 120
+        while not expected <= set(re.findall(r"history_app\.fine\[([^\]]+)\] succeeded", worker_log.read_text())):
+            assert worker.poll() is None, f"the worker exited:\n{worker_log.read_text()[-3000:]}"  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(2)
+    finally:
+        fleet.kill()
+        kill(worker)  # type: ignore[arg-type]
+    executed = Counter(re.findall(r"history_app\.fine\[([^\]]+)\] succeeded", worker_log.read_text()))
+    assert set(executed) >= expected and max(executed.values()) == 1, executed
+    assert len(expected) >= 12  # the runs before, during and after the node's loss

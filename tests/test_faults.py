@@ -257,20 +257,24 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
 def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
     beat_env: dict[str, str], tmp_path: Path, setting: dict[str, str], expected: str
 ) -> None:
+    stopped_in_one_line(dict(beat_env, **setting), tmp_path, expected)
+    assert "s3cret" not in (tmp_path / "beat.log").read_text(errors="replace")
+
+
+def stopped_in_one_line(env: dict[str, str], tmp_path: Path, expected: str) -> str:
+    """Start a beat with ``env``: it must exit 1 with one CRITICAL line holding ``expected``."""
     log = tmp_path / "beat.log"
-    beat = start_beat(dict(beat_env, **setting), log)
+    beat = start_beat(env, log)
     try:
         status = beat.wait(60)
     finally:
         kill(beat)
     text = log.read_text(errors="replace")
     assert status == 1, text[-3000:]
-    lines = [line for line in text.splitlines() if expected in line and "CRITICAL/" in line]
-    assert len(lines) == 1, text[-3000:]
-    assert "beat is not started" in lines[0]
-    assert "Traceback" not in text
-    assert "ready as" not in text
-    assert "s3cret" not in text
+    lines = [line for line in text.splitlines() if "CRITICAL/" in line]
+    assert len(lines) == 1 and expected in lines[0] and "beat is not started" in lines[0], text[-3000:]
+    assert "Traceback" not in text and "ready as" not in text
+    return lines[0]
 
 
 @pytest.fixture
