@@ -571,3 +571,15 @@ def test_a_run_sent_that_the_store_could_not_be_told_of_is_marked_sent_when_it_a
     record = backend.run_record("job", first)
     assert record is not None and record.state == "sent" and record.token == 1
     backend.close()
+
+
+def test_a_send_refused_for_a_lost_home_node_says_to_use_quorum_queues() -> None:
+    import amqp
+
+    from anarchon_celery.scheduler import _hint_for
+
+    lost = amqp.exceptions.NotFound(
+        "NOT_FOUND - home node 'rabbit@node1' of durable queue 'proj.tasks' in vhost '/' is down or inaccessible"
+    )
+    assert "task_default_queue_type = 'quorum'" in _hint_for(lost)
+    assert _hint_for(amqp.exceptions.NotFound("NOT_FOUND - no exchange 'x' in vhost '/'")) == ""
