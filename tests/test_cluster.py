@@ -216,22 +216,6 @@ def test_with_pause_minority_only_the_majority_wins_across_a_partition(urls: lis
         majority.close()
 
 
-def test_start_says_when_its_ports_are_taken_and_starts_nothing() -> None:
-    import socket
-
-    from .cluster_control import ClusterBusy
-
-    port = 5702 if VERSION == "3.10" else 5712  # node 2's AMQP port
-    with socket.socket() as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("127.0.0.1", port))
-        holder.listen()
-        with pytest.raises(ClusterBusy, match=rf"ports \[{port}\] are taken by another process"):
-            cluster("start")
-    with pytest.raises(OSError):  # nothing was started: node 1 does not answer
-        socket.create_connection(("127.0.0.1", port - 1), timeout=2).close()
-
-
 @pytest.mark.timeout(400)
 def test_with_the_documented_settings_a_worker_executes_every_run_through_a_node_lost(
     urls: list[str], tmp_path: Path
