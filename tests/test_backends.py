@@ -122,6 +122,27 @@ def test_runs_claimed_in_any_order_are_each_won_once(make_backend: Any) -> None:
     assert a.claim(claims, "a") == [Outcome.LOST] * 3
 
 
+def test_instances_of_one_deployment_name_one_place(make_backend: Any) -> None:
+    a, b = make_backend(), make_backend()
+    for backend in (a, b):
+        backend.claim([Claim("job", clock.now_ms())], "x")  # connected, the store made
+    assert a.place() is not None and a.place() == b.place()
+    assert repr(a.prefix) in a.place()
+
+
+def test_a_rabbitmq_place_is_its_cluster_not_the_url_spelling(broker_url: str, prefix: str) -> None:
+    a, b = rabbit(broker_url, prefix), rabbit(broker_url.replace("127.0.0.1", "localhost"), prefix)
+    other = rabbit(broker_url, f"{prefix}other.")
+    try:
+        for backend in (a, b, other):
+            backend.open()
+        assert a.place() == b.place() and a.place() != other.place()
+        assert a.place().startswith("RabbitMQ cluster '")  # type: ignore[union-attr]
+    finally:
+        for backend in (a, b, other):
+            backend.close()
+
+
 def test_jobs_with_state_under_a_prefix_are_found(make_backend: Any) -> None:
     # How a deployment of an earlier release, whose default prefix was another, is found.
     a = make_backend()

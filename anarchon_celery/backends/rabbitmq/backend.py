@@ -166,7 +166,7 @@ class RabbitMQBackend(Backend):
 
     def place(self) -> str | None:
         """The cluster's name (the same from every node) and the vhost: not the URL's host."""
-        if not self.link.opened:
+        if not self.link.opened or not self.connection.connected:  # (.connection would connect)
             return None
         try:
             properties = self.connection.connection.server_properties or {}
