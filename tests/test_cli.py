@@ -144,15 +144,20 @@ def test_check_says_whether_the_task_queues_outlive_a_node_of_a_cluster(
 SQLITE_CHECKS = [("ok", "config"), ("ok", "store"), ("ok", "claims"), ("ok", "history")]
 
 
+def store_url(store: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The URL of the suite's store of that kind (a file of the test's own for SQLite)."""
+    return {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
+        "redis": lambda: str(request.getfixturevalue("redis_url")),
+        "postgres": lambda: str(request.getfixturevalue("postgres_url")),
+    }[store]()
+
+
 @pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])
 def test_check_on_a_lease_store(
     store: str, app_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    url = {
-        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
-        "redis": lambda: request.getfixturevalue("redis_url"),
-        "postgres": lambda: request.getfixturevalue("postgres_url"),
-    }[store]()
+    url = store_url(store, tmp_path, request)
     monkeypatch.setenv("HISTORY_APP_BACKEND", url)
     monkeypatch.setenv("HISTORY_APP_LEASE_MS", "2000")  # shorter than the jobs' max_late_ms (5 s)
     forget(APP)
@@ -553,11 +558,7 @@ def test_prune_on_a_lease_store_deletes_what_removed_jobs_left(
 
     from .stores import delete_postgres_rows, delete_redis_keys
 
-    url = {
-        "sqlite": lambda: f"sqlite:///{tmp_path / 'anarchon.db'}",
-        "redis": lambda: request.getfixturevalue("redis_url"),
-        "postgres": lambda: request.getfixturevalue("postgres_url"),
-    }[store]()
+    url = store_url(store, tmp_path, request)
     kind = {"sqlite": SQLiteBackend, "redis": RedisBackend, "postgres": PostgresBackend}[store]
     backend = kind.from_url(url, prefix=prefix, slot_ttl_ms=60_000)
     try:
