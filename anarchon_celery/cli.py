@@ -22,7 +22,7 @@ import click
 
 from . import clock
 from .backends import RabbitMQBackend
-from .backends.rabbitmq import survey
+from .backends.base import Finding, checked
 from .backends.store import StoreBackend
 from .control import (
     Deployment,
@@ -36,9 +36,9 @@ from .control import (
     rabbitmq_backend,
     run_now,
 )
-from .errors import AnarchonError, BrokerError
+from .errors import AnarchonError
 from .history import Run, fold
-from .jobs import JOB_NAME_RE, Job, backups_never_act
+from .jobs import JOB_NAME_RE, Job
 from .schedule import from_ms, to_ms
 
 __all__ = ["anarchon"]
@@ -266,119 +266,65 @@ def run_now_command(ctx: click.Context, job: str, as_json: bool) -> None:
 def check(ctx: click.Context, rabbitmqctl: str | None, as_json: bool) -> None:
     """Check the configuration as the scheduler would, and the broker (every node of a cluster):
     exit 0 only if all is well."""
-    checks: list[dict[str, Any]] = []
+    deployments: list[Deployment] = []
+    with contextlib.ExitStack() as opened:
 
-    def step(name: str, action: Callable[[], str]) -> bool:
-        try:
-            checks.append({"check": name, "ok": True, "detail": action()})
-            return True
-        except Warned as warned:
-            checks.append({"check": name, "ok": True, "warn": True, "detail": str(warned)})
-            return True
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, as one line
-            detail = str(exc) if isinstance(exc, AnarchonError) else f"{type(exc).__name__}: {exc}"
-            checks.append({"check": name, "ok": False, "detail": detail})
-            return False
+        def config() -> Finding:
+            deployments.append(opened.enter_context(_deployment(ctx)))
+            jobs = len(deployments[0].jobs)
+            return Finding("config", f"{jobs} job(s) valid: names, schedules, time zones, options, safety rule")
 
-    def nodes() -> bool:
-        """One line per node of a cluster; False when the list is never safe."""
-        backend = holder["d"].backend
-        if not isinstance(backend, RabbitMQBackend) or len(survey.urls_of(backend.connection)) < 2:
-            return True
-        answers = survey.survey(backend.connection, min(backend.connection.connect_timeout or 5.0, 5.0))
-        for entry in survey.describe(answers):
-            checks.append({"check": "node", **entry})
-        errors, warnings = survey.judge(answers)
-        for error in errors:
-            checks.append({"check": "nodes", "ok": False, "detail": error})
-        for warning in warnings:
-            if "3.x cluster" in warning:
-                continue  # the partitions line says it, with what it could read
-            if "different versions" in warning:
-                checks.append({"check": "nodes", "ok": True, "warn": True, "detail": warning})
-        working = [a for a in answers if a.problem is None]
-        if not errors and working:
-            step("partition", lambda: _partition_handling(rabbitmqctl, working[0].version))
-        return not errors
-
-    holder: dict[str, Deployment] = {}
-    opened = contextlib.ExitStack()
-
-    def config() -> str:
-        holder["d"] = opened.enter_context(_deployment(ctx))
-        return f"{len(holder['d'].jobs)} job(s) valid: names, schedules, time zones, options, safety rule"
-
-    def broker() -> str:
-        backend = holder["d"].backend
-        backend.open()
-        if isinstance(backend, RabbitMQBackend):
-            return f"{backend.describe()}: RabbitMQ {'.'.join(map(str, backend.server_version))}"
-        if isinstance(backend, StoreBackend):  # the store's clock decides
-            skew = clock.now_ms() - backend.store_now_ms()
-            shown = f"{backend.store_version()}; this host's clock {skew:+d} ms off the store's"
-            if abs(skew) > CLOCK_WARNING_MS:
-                raise Warned(f"{backend.describe()}: {shown}: runs are decided on the store's clock, check time sync")
-            return f"{backend.describe()}: {shown}"
-        return f"{backend.describe()}: reachable"
-
-    def claims() -> str:
-        backend = holder["d"].backend
-        backend.check_claims()
-        check_prefix_unshared(holder["d"])
-        if isinstance(backend, RabbitMQBackend):
-            return "a gate can be declared, claimed and deleted under the prefix (permissions)"
-        if not backend.leases:
-            return "runs can be decided"
-        jobs = holder["d"].jobs.values()
-        counts = sorted({job.backup_runners for job in jobs}) or [0]
-        backups = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-        shown = (
-            f"runs can be decided (the store takes writes); a winner holds its run for {backend.lease_ms} ms, "
-            f"{backups} backup(s) per run"
-        )
-        blind = sorted(job.name for job in jobs if backups_never_act(job, backend.lease_ms))
-        if blind:
-            raise Warned(
-                f"{shown}; but the backups of {', '.join(blind)} can never act: their max_late_ms is not longer "
-                "than anarchon_lease_ms"
-            )
-        return shown
-
-    def streams() -> str:
-        backend = holder["d"].backend
-        backend.check_history()
-        return "history streams can be created" if isinstance(backend, RabbitMQBackend) else "history can be kept"
-
-    def tasks(classic: list[str]) -> str:
-        if not classic:
-            return "the task queues are replicated (quorum or stream): they outlive a node"
-        raise Warned(
-            f"task queue(s) {', '.join(classic)} are classic queues on a cluster: each lives on one node, and "
-            "when that node is lost the beats' sends fail (404, its home node is down) and the workers "
-            "consuming it exit. Declare them quorum queues: task_default_queue_type = 'quorum' (Celery 5.5), "
-            "or Queue(..., queue_arguments={'x-queue-type': 'quorum'}); see 'The task side of a cluster' in "
-            "the README"
-        )
-
-    with opened:
-        if step("config", config) and nodes():
-            rabbit = isinstance(holder["d"].backend, RabbitMQBackend)
-            if step("broker" if rabbit else "store", broker):
-                step("claims", claims)
-                step("streams" if rabbit else "history", streams)
-            classic = classic_task_queues_on_a_cluster(ctx.obj.app, holder["d"])
-            if classic is not None:
-                step("tasks", lambda: tasks(classic))
-    ok = all(c["ok"] for c in checks)
+        findings = [checked("config", config)]
+        for deployment in deployments:
+            findings += _check_deployment(ctx.obj.app, deployment, rabbitmqctl)
+    ok = all(finding.ok for finding in findings)
     if as_json:
-        click.echo(json.dumps({"ok": ok, "checks": checks}))
+        click.echo(json.dumps({"ok": ok, "checks": [finding.as_dict() for finding in findings]}))
     else:
-        for c in checks:
-            status = "FAIL" if not c["ok"] else "warn" if c.get("warn") else "ok  "
-            where = f"{c['node']}: " if "node" in c else ""
-            click.echo(f"{status}  {c['check']:<8} {where}{c['detail']}")
+        for finding in findings:
+            status = "FAIL" if not finding.ok else "warn" if finding.warn else "ok  "
+            where = f"{finding.node}: " if finding.node is not None else ""
+            click.echo(f"{status}  {finding.check:<8} {where}{finding.detail}")
     if not ok:
         ctx.exit(1)
+
+
+def _check_deployment(app: Any, deployment: Deployment, rabbitmqctl: str | None) -> list[Finding]:
+    """The checks of a valid configuration: the nodes of a cluster, the backend (reached, runs
+    decided, history kept) and the task queues of a cluster."""
+    backend = deployment.backend
+    findings = backend.survey_nodes(rabbitmqctl=rabbitmqctl)
+    if any(finding.check == "nodes" and not finding.ok for finding in findings):
+        return findings  # a list of nodes that is never safe: nothing else is worth asking
+    reach, history = backend.check_names
+    findings.append(checked(reach, backend.report_reach))
+    if findings[-1].ok:
+        findings.append(checked("claims", lambda: _claims(deployment)))
+        findings.append(checked(history, backend.report_history))
+    classic = classic_task_queues_on_a_cluster(app, deployment)
+    if classic is not None:
+        findings.append(_task_queues(classic))
+    return findings
+
+
+def _claims(deployment: Deployment) -> Finding:
+    finding = deployment.backend.report_claims(list(deployment.jobs.values()))
+    check_prefix_unshared(deployment)
+    return finding
+
+
+def _task_queues(classic: list[str]) -> Finding:
+    if not classic:
+        return Finding("tasks", "the task queues are replicated (quorum or stream): they outlive a node")
+    return Finding(
+        "tasks",
+        f"task queue(s) {', '.join(classic)} are classic queues on a cluster: each lives on one node, and "
+        "when that node is lost the beats' sends fail (404, its home node is down) and the workers "
+        "consuming it exit. Declare them quorum queues: task_default_queue_type = 'quorum' (Celery 5.5), "
+        "or Queue(..., queue_arguments={'x-queue-type': 'quorum'}); see 'The task side of a cluster' in "
+        "the README",
+        warn=True,
+    )
 
 
 @anarchon.command()
@@ -492,34 +438,6 @@ def _prune_store(
         data.append({"job": job, "what": "cursor, run records, history", "deleted": yes})
     action = "deleted" if yes else "would delete (prune --yes)"
     _emit(as_json, data, [[d["job"], d["what"], action] for d in data], ["JOB", "STATE", "ACTION"])
-
-
-class Warned(Exception):  # noqa: N818 - not an error: a check that passed with a warning
-    """A check passed, with a warning to show."""
-
-
-def _partition_handling(rabbitmqctl: str | None, version: tuple[int, ...]) -> str:
-    """The cluster's partition handling, read with ``rabbitmqctl`` when given."""
-    if rabbitmqctl is None:
-        needs = "pause_minority (3.x; with ignore or autoheal both sides of a partition can win a run)"
-        raise Warned(
-            f"not read (a client cannot see it): give --rabbitmqctl to read it. Exactly once across a "
-            f"network partition needs {needs if version < (4,) else 'Khepri, or pause_minority'}"
-        )
-    command = [*shlex.split(rabbitmqctl), "eval", survey.PARTITION_EVAL]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BrokerError(f"cannot run {rabbitmqctl} ({type(exc).__name__}: {exc})") from None
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        raise BrokerError(f"{rabbitmqctl} eval failed: {lines[-1] if lines else done.returncode}")
-    ok, detail = survey.check_partition_handling(done.stdout)
-    if not ok:
-        raise BrokerError(detail)
-    return detail
 
 
 def _named_job(deployment: Deployment, prefix: str, name: str) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import struct
 from typing import Any
 
-__all__ = ["NodeLog", "keep_alive", "negotiated_heartbeat"]
+__all__ = ["NodeLog", "abort", "keep_alive", "negotiated_heartbeat", "reset_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +63,27 @@ def negotiated_heartbeat(connection: Any) -> float:
     raw = connection._connection if connection.connected else None
     value = getattr(raw, "heartbeat", None) if raw is not None else None
     return float(value if value is not None else connection.heartbeat or 0)
+
+
+def reset_connection(connection: Any) -> None:
+    """Drop ``connection`` at once, without the closing handshake, discarding what the kernel has
+    not delivered yet (see :func:`abort`). Never raises; the connection connects again if used."""
+    with contextlib.suppress(Exception):
+        abort(connection)
+    with contextlib.suppress(Exception):
+        connection.collect()
+
+
+def abort(connection: Any) -> None:
+    """Make the coming close of ``connection`` drop what the kernel has not delivered yet.
+
+    A plain close sends the socket's buffered data first: a claim stuck there (the broker silent,
+    the network stalled) could then reach its gate long after its deadline, even after the gate
+    expired. A reset instead (SO_LINGER 0) discards it.
+    """
+    raw = connection._connection  # not .connection, which would connect
+    transport = getattr(raw, "_transport", None)  # not .transport, which would connect too
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(Exception):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

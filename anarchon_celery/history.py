@@ -112,6 +112,33 @@ class Run:
         return asdict(self)
 
 
+def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
+    """Fold one event into what is known of its run."""
+    kind = event["event"]
+    if _RANK[kind] >= run["rank"]:
+        run["rank"], run["status"] = _RANK[kind], kind
+    if kind in ("sent", "unsent"):
+        run.update({k: event.get(k) for k in _SENT_FIELDS})
+        if kind == "sent":
+            run["sent_at_ms"] = event["at_ms"]
+            run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
+        else:
+            run["unsent_error"] = event.get("error_type"), event.get("error")
+    elif kind == "running":
+        if run.get("worker") is None:  # a final event's worker, if any, counts
+            run["worker"] = event.get("worker")
+        run["started_at_ms"] = event["at_ms"]
+        if event.get("instance"):
+            run["started_by"] = event["instance"]
+    else:
+        if event.get("worker") is not None:
+            run["worker"] = event["worker"]
+        run["finished_at_ms"] = event["at_ms"]
+        run["error_type"], run["error"] = event.get("error_type"), event.get("error")
+        run["reason"] = event.get("reason")
+    run["first_ms"] = min(run.get("first_ms", event["at_ms"]), event["at_ms"])
+
+
 def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[Run]:
     """Runs from their events (in stream order), newest first, at most ``limit`` of them.
 
@@ -121,30 +148,7 @@ def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[
     runs: dict[str, dict[str, Any]] = {}
     for event in events:
         run = runs.setdefault(event["run"], {"run_id": event["run"], "job": event.get("job"), "rank": -1})
-        kind = event["event"]
-        if _RANK[kind] >= run["rank"]:
-            run["rank"], run["status"] = _RANK[kind], kind
-        if kind in ("sent", "unsent"):
-            run.update({k: event.get(k) for k in _SENT_FIELDS})
-            if kind == "sent":
-                run["sent_at_ms"] = event["at_ms"]
-                run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
-            else:
-                run["unsent_error"] = event.get("error_type"), event.get("error")
-        elif kind == "running":
-            if run.get("worker") is None:  # a final event's worker, if any, counts
-                run["worker"] = event.get("worker")
-            run["started_at_ms"] = event["at_ms"]
-            if event.get("instance"):
-                run["started_by"] = event["instance"]
-        else:
-            if event.get("worker") is not None:
-                run["worker"] = event["worker"]
-            run["finished_at_ms"] = event["at_ms"]
-            run["error_type"], run["error"] = event.get("error_type"), event.get("error")
-            run["reason"] = event.get("reason")
-        run.setdefault("first_ms", event["at_ms"])
-        run["first_ms"] = min(run["first_ms"], event["at_ms"])
+        _apply(run, event)
     for run in runs.values():
         starter = run.get("started_by")
         if starter is not None:  # sent twice (a takeover): the message that started the run counts

@@ -149,6 +149,35 @@ def make_job(
     title: str = RABBITMQ,
 ) -> Job:
     """Build and validate one job from a ``beat_schedule``-style entry."""
+    task = _check_entry(name, entry)
+    try:
+        tz = resolve_tz(entry["tz"]) if entry.get("tz") is not None else app_tz
+        schedule = parse_schedule(entry["schedule"], tz)
+    except ConfigError as exc:
+        raise ConfigError(f"job {name!r}: {exc}") from exc
+    args, kwargs, options = _check_call(name, entry)
+
+    def setting(key: str) -> Any:
+        value = entry.get(key)
+        return getattr(settings, key) if value is None else value
+
+    return Job(
+        name=name,
+        task=task,
+        schedule=schedule,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms")),
+        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
+        history_size=_check_int(name, "history_size", setting("history_size")),
+        backup_runners=_backup_runners(name, entry, settings, leases, title),
+    )
+
+
+def _check_entry(name: Any, entry: Any) -> str:
+    """The job's name, keys, task and schedule key checked; returns its task."""
     if not isinstance(name, str) or not JOB_NAME_RE.match(name):
         raise ConfigError(
             f"job name {name!r} is invalid: use only letters, digits, '_' and '-' (it becomes part of queue names)"
@@ -168,11 +197,11 @@ def make_job(
             f"job {name!r}: relative=True is not supported: intervals are aligned to the Unix epoch "
             "so that every instance computes the same runs"
         )
-    try:
-        tz = resolve_tz(entry["tz"]) if entry.get("tz") is not None else app_tz
-        schedule = parse_schedule(entry["schedule"], tz)
-    except ConfigError as exc:
-        raise ConfigError(f"job {name!r}: {exc}") from exc
+    return task
+
+
+def _check_call(name: str, entry: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """The job's ``args``, ``kwargs`` and ``options`` checked."""
     args = entry.get("args") or ()
     if not isinstance(args, (list, tuple)):
         raise ConfigError(f"job {name!r}: args must be a list or tuple, not {args!r}")
@@ -187,24 +216,7 @@ def make_job(
         raise ConfigError(f"job {name!r}: options {reserved} are set by the scheduler and cannot be given")
     if "headers" in options and not isinstance(options["headers"], Mapping):
         raise ConfigError(f"job {name!r}: options['headers'] must be a dict")
-
-    def setting(key: str) -> Any:
-        value = entry.get(key)
-        return getattr(settings, key) if value is None else value
-
-    return Job(
-        name=name,
-        task=task,
-        schedule=schedule,
-        tz=tz,
-        args=tuple(args),
-        kwargs=dict(kwargs),
-        options=dict(options),
-        jitter_ms=_check_int(name, "jitter_ms", setting("jitter_ms")),
-        max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
-        history_size=_check_int(name, "history_size", setting("history_size")),
-        backup_runners=_backup_runners(name, entry, settings, leases, title),
-    )
+    return tuple(args), dict(kwargs), dict(options)
 
 
 def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, leases: bool, title: str) -> int:

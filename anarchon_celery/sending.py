@@ -18,22 +18,28 @@ it had started writing is that run's error, likewise.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from amqp import spec
 from amqp.exceptions import MessageNacked
+from kombu.common import ignore_errors
 from kombu.exceptions import OperationalError
 
 from . import clock
-from .connections import NodeLog
+from .confirms import ConfirmTracker
+from .connections import NodeLog, keep_alive, negotiated_heartbeat, reset_connection
 from .jobs import Job
 
 __all__ = [
     "Outgoing",
+    "SendOutcome",
+    "TaskLink",
     "TaskSender",
     "has_publisher_confirms",
     "instance_id",
@@ -41,6 +47,8 @@ __all__ = [
     "send_run",
     "task_connection",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds to wait for the broker's confirms of the task messages written together.
 CONFIRM_TIMEOUT = 5.0
@@ -59,6 +67,14 @@ class Outgoing(NamedTuple):
     deadline_ms: int
     #: The run's fencing token on a backend with leases (0: none), carried in the message.
     token: int = 0
+
+
+class SendOutcome(NamedTuple):
+    """A run once its send is over: sent (``error`` None) or not, at ``at_ms`` (epoch ms)."""
+
+    run: Outgoing
+    at_ms: int
+    error: BaseException | None
 
 
 def instance_id() -> str:
@@ -151,10 +167,7 @@ class TaskSender:
         self.place: str | None = None
         #: When each run's message was last written, by task id (epoch ms): for its history.
         self.written_at: dict[str, int] = {}
-        self._channel: Any = None
-        self._producer: Any = None
-        self._confirms: _TaskConfirms | None = None
-        self._raw: Any = None
+        self._channel: _TaskChannel | None = None
         self._written: _Written | None = None
         self._nodes = NodeLog("tasks", "the broker")
 
@@ -179,17 +192,17 @@ class TaskSender:
         written = self._written
         if written is None:
             written = self._written = _Written()
-        index = len(written.runs)
-        written.runs.append(run)
+        sending = _Sending(run)
+        written.runs.append(sending)
         if written.failure is not None or not self.connection.connected:
             return  # send() connects, with its retries
         try:
-            producer, confirms = self._open_channel()
-            if written.confirms is None:
-                written.confirms = confirms
-            elif confirms is not written.confirms:  # the earlier runs' answers would come on the old channel
+            channel = self._open_channel()
+            if written.channel is None:
+                written.channel = channel
+            elif channel is not written.channel:  # the earlier runs' answers would come on the old channel
                 raise RuntimeError("the task channel was replaced while runs were being written")
-            self._write(producer, confirms, written.runs, index, written.results, written.strikes)
+            self._write(channel, sending)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             written.failure = exc
             self._drop()
@@ -198,103 +211,55 @@ class TaskSender:
         """One entry per run, in order: None once the broker confirmed its message (without
         confirms: once its publish returned), else the error that stopped it (a run that could
         not be sent by its deadline gets the last one)."""
-        results: dict[int, BaseException | None] = {}
-        strikes: dict[int, int] = {}  # channel errors each run met before its message was written
+        written, self._written = self._written, None
+        ahead = written.runs if written is not None else []
+        if [sending.run for sending in ahead] != list(runs[: len(ahead)]):
+            raise ValueError("send() must get the runs written, in the order written, first")
+        sendings = ahead + [_Sending(run) for run in runs[len(ahead) :]]
         # Deadlines on the monotonic clock: a wall clock that jumps cannot stretch the retries.
         start, now_ms = time.monotonic(), clock.now_ms()
-        until = [start + (run.deadline_ms - now_ms) / 1000 for run in runs]
-        written, self._written = self._written, None
-        todo = list(range(len(runs)))
-        if written is not None and written.runs:
-            if list(runs[: len(written.runs)]) != written.runs:
-                raise ValueError("send() must get the runs written, in the order written, first")
-            results.update(written.results)
-            strikes.update(written.strikes)
-            ahead = list(range(len(written.runs)))
-            refused, unwritten, failure = self._settle(written.confirms, ahead, results, written.failure)
-            todo = self._again(runs, until, results, refused, unwritten, failure) + todo[len(written.runs) :]
+        for sending in sendings:
+            sending.until = start + (sending.run.deadline_ms - now_ms) / 1000
+        todo = sendings
+        if written is not None and ahead:
+            failure = self._settle(written.channel, ahead, written.failure)
+            todo = self._again(ahead, failure) + sendings[len(ahead) :]
         while todo:
-            remaining = max(until[i] for i in todo) - time.monotonic()
+            remaining = max(sending.until for sending in todo) - time.monotonic()
             try:
                 # Safe to retry: nothing is written before the connection is up.
                 self.connection.ensure_connection(
                     max_retries=None, interval_start=0, interval_step=0.5, interval_max=2, timeout=max(0.5, remaining)
                 )
             except Exception as exc:  # noqa: BLE001 - whatever stops the connection fails these runs
-                results.update((i, exc) for i in todo)
+                for sending in todo:
+                    sending.finish(exc)
                 break
             self._nodes.note(self.connection)
-            refused, unwritten, failure = self._send_once(runs, todo, results, strikes)
-            todo = self._again(runs, until, results, refused, unwritten, failure)
-        return [results.get(i) for i in range(len(runs))]
-
-    def _again(
-        self,
-        runs: Sequence[Outgoing],
-        until: list[float],
-        results: dict[int, BaseException | None],
-        refused: list[int],
-        unwritten: list[int],
-        failure: BaseException | None,
-    ) -> list[int]:
-        """The runs to send again (certainly not queued, before their deadline); the others get
-        their error. Pauses before a retry: not a tight loop of reconnections."""
-        now = time.monotonic()
-        todo = [i for i in unwritten if now <= until[i]]
-        again = [i for i in refused if now + NACK_BACKOFF <= until[i]]
-        if again or (todo and failure is not None):
-            todo += again
-            time.sleep(NACK_BACKOFF)
-        for i in refused:
-            results.setdefault(i, MessageNacked(f"task {runs[i].task_id} refused by the broker"))
-        for i in unwritten:
-            results.setdefault(i, failure or TimeoutError(f"task {runs[i].task_id} not sent by its deadline"))
-        for i in todo:
-            results.pop(i, None)
-        return todo
+            todo = self._again(todo, self._send_once(todo))
+        return [sending.error for sending in sendings]
 
     def close(self) -> None:
         """Forget the channel (its connection is the caller's to close)."""
-        self._channel = self._confirms = self._raw = self._producer = None
+        self._channel = None
 
     def _drop(self) -> None:
         """Never reuse this channel nor this connection: their state is unknown."""
         self.close()
         self.connection.collect()
 
-    def _open_channel(self) -> tuple[Any, _TaskConfirms]:
-        """The producer of the task channel (opened if need be) and the channel's confirms."""
-        raw = self.connection.connection
-        if self._channel is None or self._confirms is None or self._raw is not raw or not _is_open(self._channel):
-            self._raw = raw  # a channel of an earlier connection is never used again
-            channel = self.connection.channel()
-            confirms: _TaskConfirms
-            if has_publisher_confirms(self.connection):
-                channel.confirm_select()
-                confirms = _TaskConfirms()
-                channel.events["basic_ack"].add(confirms.on_ack)
-                channel.events["basic_nack"].add(confirms.on_nack)
-                _count_publishes(channel, confirms)
-            else:
-                confirms = _TaskPublishes()
-                _track_publishes(channel, confirms)
-            producer = self.app.amqp.Producer(channel, auto_declare=False)
-            self._channel, self._confirms, self._producer = channel, confirms, producer
-        return self._producer, self._confirms
+    def _open_channel(self) -> _TaskChannel:
+        """The task channel, opened if need be (a channel of an earlier connection is never used again)."""
+        channel = self._channel
+        if channel is None or not channel.usable(self.connection):
+            channel = self._channel = _TaskChannel(self.app, self.connection)
+        return channel
 
-    def _write(
-        self,
-        producer: Any,
-        confirms: _TaskConfirms,
-        runs: Sequence[Outgoing],
-        i: int,
-        results: dict[int, BaseException | None],
-        strikes: dict[int, int],
-    ) -> None:
-        """Write run ``i``'s task. Raises when the connection or the channel failed (the run may
-        have been written: ``confirms.wrote(i)`` tells); other errors become its result."""
+    def _write(self, channel: _TaskChannel, sending: _Sending) -> None:
+        """Write the run's task. Raises when the connection or the channel failed (the message may
+        have been written: ``sending.written`` tells); other errors finish the run."""
         connection = self.connection
-        run = runs[i]
+        run = sending.run
         options = dict(run.job.options)
         options["headers"] = run_headers(
             run.job,
@@ -305,123 +270,310 @@ class TaskSender:
             instance=self.instance,
             place=self.place if run.trigger == "schedule" else None,
         )
-        confirms.runs[run.task_id] = i
+        channel.expect(sending)
         try:
             task = self.app.tasks[run.job.task]
-            options.update(task_id=run.task_id, producer=producer, retry=False)
+            options.update(task_id=run.task_id, producer=channel.producer, retry=False)
             self.written_at[run.task_id] = clock.now_ms()
             task.apply_async(run.job.args, dict(run.job.kwargs), **options)
         except Exception as exc:  # noqa: BLE001 - sorted out below
-            if confirms.wrote(i):
+            if sending.written:
                 raise  # after its message was written: the channel's state is unknown
-            broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
-            if isinstance(confirms, _TaskPublishes):
-                # kombu's Redis transport counts KeyError as a connection error, and Celery's
-                # QueueNotFound is one: that is the run's own error, not to be retried.
-                broken = tuple(error for error in broken if error is not KeyError)
-            if not isinstance(exc, broken):
-                results[i] = exc  # refused before writing (arguments that cannot be encoded...)
+            if not isinstance(exc, channel.broken_errors(connection)):
+                sending.finish(exc)  # refused before writing (arguments that cannot be encoded...)
                 return
             # The connection or the channel failed (kombu wraps some as OperationalError).
             if isinstance(exc, connection.channel_errors):
                 # Before the write: maybe this run's own doing (Celery declares its queue,
                 # which the broker may refuse), maybe a message written earlier. Twice in a
                 # row: this run's, and it is not tried again.
-                strikes[i] = strikes.get(i, 0) + 1
-                if strikes[i] >= 2:
-                    results[i] = exc
+                sending.strikes += 1
+                if sending.strikes >= 2:
+                    sending.finish(exc)
             raise
-        if not confirms.wrote(i):
+        if not sending.written:
             # apply_async returned without publishing: run here (task_always_eager), or
             # a task class that does not publish with the id it was given.
             eager = bool(self.app.conf.task_always_eager)
-            results[i] = None if eager else RuntimeError(f"task {run.task_id} was not published")
+            sending.finish(None if eager else RuntimeError(f"task {run.task_id} was not published"))
 
-    def _send_once(
-        self,
-        runs: Sequence[Outgoing],
-        todo: list[int],
-        results: dict[int, BaseException | None],
-        strikes: dict[int, int],
-    ) -> tuple[list[int], list[int], BaseException | None]:
-        """Write the runs' tasks, then read their confirms. Returns the runs the broker refused
-        and the runs not written (both certainly not queued), and the error that stopped it."""
+    def _send_once(self, todo: list[_Sending]) -> BaseException | None:
+        """Write the runs' tasks, then read their confirms; returns the error that stopped it."""
         failure: BaseException | None = None
-        confirms = None
+        channel = None
         try:
-            producer, confirms = self._open_channel()
-            for i in todo:
-                self._write(producer, confirms, runs, i, results, strikes)
+            channel = self._open_channel()
+            for sending in todo:
+                self._write(channel, sending)
         except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
             failure = exc
             self._drop()
-        return self._settle(confirms, todo, results, failure)
+        return self._settle(channel, todo, failure)
 
     def _settle(
-        self,
-        confirms: _TaskConfirms | None,
-        todo: list[int],
-        results: dict[int, BaseException | None],
-        failure: BaseException | None,
-    ) -> tuple[list[int], list[int], BaseException | None]:
-        """Read the confirms of the runs written (unless writing failed), and sort ``todo`` out:
-        returns the runs refused and the runs not written, and the error that stopped it."""
-        if failure is None and confirms is not None:
+        self, channel: _TaskChannel | None, todo: list[_Sending], failure: BaseException | None
+    ) -> BaseException | None:
+        """Read the confirms of the runs written (unless writing failed) and finish those whose
+        fate is known: sent, or written with no answer (never sent twice). A refused run, or one
+        not written, is certainly not queued: left to :meth:`_again`. Returns the error that
+        stopped it."""
+        if failure is None and channel is not None and channel.confirms is not None:
             try:
-                deadline = time.monotonic() + CONFIRM_TIMEOUT
-                while confirms.waiting:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"no confirm within {CONFIRM_TIMEOUT}s")
-                    self.connection.drain_events(timeout=left)
+                channel.confirms.wait(lambda left: self.connection.drain_events(timeout=left), CONFIRM_TIMEOUT)
             except Exception as exc:  # noqa: BLE001 - the connection's state is unknown: never reuse it
                 failure = exc
                 self._drop()
-        refused = []
         try:
-            for i in todo:
-                if i in results or confirms is None or not confirms.wrote(i):
+            for sending in todo:
+                if sending.done or not sending.written:
                     continue
-                answer = confirms.answers.get(i)
-                if answer is True:
-                    results[i] = None
-                elif answer is False:
-                    refused.append(i)  # nothing was queued: safe to send again
-                else:  # written, its fate unknown: never sent twice
-                    results[i] = failure or TimeoutError("no confirm")
+                if sending.answer is True:
+                    sending.finish(None)
+                elif sending.answer is None:  # written, its fate unknown: never sent twice
+                    sending.finish(failure or TimeoutError("no confirm"))
         finally:
-            if confirms is not None:
-                confirms.clear()
-        unwritten = [i for i in todo if i not in results and i not in refused]
-        return refused, unwritten, failure
+            if channel is not None:
+                channel.forget()
+        return failure
+
+    def _again(self, todo: list[_Sending], failure: BaseException | None) -> list[_Sending]:
+        """The runs to send again (certainly not queued, before their deadline); the others get
+        their error. Pauses before a retry: not a tight loop of reconnections."""
+        now = time.monotonic()
+        refused = [sending for sending in todo if not sending.done and sending.answer is False]
+        unwritten = [sending for sending in todo if not sending.done and sending.answer is not False]
+        again = [sending for sending in unwritten if now <= sending.until]
+        retried = [sending for sending in refused if now + NACK_BACKOFF <= sending.until]
+        if retried or (again and failure is not None):
+            again += retried
+            time.sleep(NACK_BACKOFF)
+        for sending in refused:
+            if sending not in again:
+                sending.finish(MessageNacked(f"task {sending.run.task_id} refused by the broker"))
+        for sending in unwritten:
+            if sending not in again:
+                sending.finish(failure or TimeoutError(f"task {sending.run.task_id} not sent by its deadline"))
+        for sending in again:
+            sending.written, sending.answer = False, None
+        return again
+
+
+class TaskLink:
+    """A beat's connection for sending tasks, and its :class:`TaskSender`: opened ahead of the
+    runs, kept alive while the beat sleeps, and dropped without a goodbye when a stop's grace
+    period runs out.
+
+    The connection is the app's broker, with publisher confirms on AMQP (so that a message the
+    broker refused is an error logged with its job and slot, not a task silently lost; other
+    brokers have none), heartbeats where the transport has them (``broker_heartbeat``) and
+    timeouts (so that a dead broker is noticed). Both are made on first use.
+    """
+
+    #: Seconds without connecting ahead of the runs after an attempt failed.
+    connect_backoff_s = 5.0
+
+    def __init__(self, app: Any, *, instance: str, make_sender: Callable[[Any], TaskSender] | None = None) -> None:
+        self.app = app
+        self.instance = instance
+        #: Makes the sender from the connection (a subclass of TaskSender, in tests of faults).
+        self._make_sender = make_sender
+        #: 0 while connecting works; after a failed attempt, the time.monotonic() before which
+        #: :meth:`connect_ahead` does not try again.
+        self._connect_after = 0.0
+
+    @cached_property
+    def connection(self) -> Any:
+        heartbeat = self.app.conf.get("broker_heartbeat")
+        return task_connection(self.app, heartbeat=float(heartbeat) if heartbeat else 0.0)
+
+    @cached_property
+    def sender(self) -> TaskSender:
+        if self._make_sender is not None:
+            return self._make_sender(self.connection)
+        return TaskSender(self.app, self.connection, instance=self.instance)
+
+    @property
+    def failing(self) -> bool:
+        """Whether the last attempt to connect ahead failed (the broker is away)."""
+        return bool(self._connect_after)
+
+    def connect_ahead(self) -> None:
+        """Have the connection and its channel open before the runs come due (at start, and after
+        the connection was lost), or the first runs won would be written only after all the
+        claims are answered: connecting takes tens of milliseconds, much more on a busy machine.
+        One attempt, then none for ``connect_backoff_s`` seconds; sends connect anyway."""
+        if time.monotonic() < self._connect_after:
+            return
+        try:
+            self.sender.open()
+        except Exception as exc:  # noqa: BLE001 - the next send connects, with its retries
+            logger.log(
+                logging.DEBUG if self._connect_after else logging.INFO,  # logged once per outage
+                "anarchon: could not connect for sending tasks ahead of the runs (%r); trying again every %g s",
+                exc,
+                self.connect_backoff_s,
+            )
+            self._connect_after = time.monotonic() + self.connect_backoff_s
+        else:
+            self._connect_after = 0.0
+
+    def keep_alive(self) -> None:
+        """Read what the broker sent while the beat slept and send a heartbeat; a connection
+        found dropped is replaced at the next use."""
+        connection = self.__dict__.get("connection")
+        if connection is None:
+            return
+        try:
+            keep_alive(connection)
+        except Exception as exc:  # noqa: BLE001 - the next send reconnects
+            logger.info("anarchon: the task connection dropped while idle (%r); it will be replaced", exc)
+            connection.collect()
+            self.sender.close()
+
+    def wake_within_s(self) -> float | None:
+        """How long the beat may sleep and keep the connection's heartbeats: None without them."""
+        connection = self.__dict__.get("connection")
+        heartbeat = negotiated_heartbeat(connection) if connection is not None and connection.connected else 0
+        return max(1.0, heartbeat / 3) if heartbeat else None
+
+    def drop(self) -> None:
+        """Forget the connection without a goodbye (a broker that does not answer would not
+        answer that either)."""
+        connection = self.__dict__.get("connection")
+        if connection is not None:
+            reset_connection(connection)
+        if "sender" in self.__dict__:
+            self.sender.close()
+
+    def close(self) -> None:
+        """Release the connection (made again on next use). Interrupted, it is still there for
+        :meth:`drop`."""
+        connection = self.__dict__.get("connection")
+        if connection is not None:
+            ignore_errors(connection, connection.release)
+        self.__dict__.pop("connection", None)
+        self.__dict__.pop("sender", None)
+
+
+class _Sending:
+    """One run's task being sent: whether its message was written on the current channel and
+    the broker's answer, the channel errors it met before being written, its deadline (on the
+    monotonic clock), and once it is done, its error (None: sent)."""
+
+    __slots__ = ("answer", "done", "error", "run", "strikes", "until", "written")
+
+    def __init__(self, run: Outgoing) -> None:
+        self.run = run
+        self.until = 0.0
+        self.written = False
+        self.answer: bool | None = None  # acked (True) or nacked (False), once its message was written
+        self.strikes = 0
+        self.done = False
+        self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        if not self.done:
+            self.done, self.error = True, error
+
+    def answered(self, acked: bool) -> None:
+        self.answer = acked
 
 
 class _Written:
     """Runs written by :meth:`TaskSender.write`, waiting for :meth:`TaskSender.send`."""
 
     def __init__(self) -> None:
-        self.runs: list[Outgoing] = []
-        self.confirms: _TaskConfirms | None = None
-        self.results: dict[int, BaseException | None] = {}
-        self.strikes: dict[int, int] = {}
+        self.runs: list[_Sending] = []
+        self.channel: _TaskChannel | None = None
         self.failure: BaseException | None = None
 
 
-def _count_publishes(channel: Any, confirms: _TaskConfirms) -> None:
-    """Give every message written on ``channel`` its delivery tag, as the broker does.
+class _TaskChannel:
+    """The task channel, its producer, and which run each message written on it is the task of:
+    with publisher confirms, the delivery tags of what is written (a
+    :class:`~anarchon_celery.confirms.ConfirmTracker`); without, each publish as it returns."""
 
-    Counted at the frame write, not per task: ``apply_async`` may publish more than the task
-    (a ``task-sent`` event with ``task_send_sent_event``), and py-amqp's ``basic_publish`` may
-    fail on a pending channel error before writing anything, which must not take a tag.
-    """
-    send_method = channel.send_method
+    def __init__(self, app: Any, connection: Any) -> None:
+        self.raw = connection.connection
+        self.channel = connection.channel()
+        self._expected: dict[str, _Sending] = {}  # by task id, the runs being written
+        self.confirms: ConfirmTracker[_Sending] | None = None
+        if has_publisher_confirms(connection):
+            self.channel.confirm_select()
+            self.confirms = ConfirmTracker(_Sending.answered)
+            self.confirms.listen(self.channel)
+            self._count_publishes(self.confirms)
+        else:
+            self._track_publishes()
+        self.producer = app.amqp.Producer(self.channel, auto_declare=False)
 
-    def counted(sig: Any, format: Any = None, args: Any = None, content: Any = None, *rest: Any, **kw: Any) -> Any:
-        if sig == spec.Basic.Publish:
-            confirms.writing(content)  # before the write: one that fails half-way took a tag
-        return send_method(sig, format, args, content, *rest, **kw)
+    def usable(self, connection: Any) -> bool:
+        """Whether this channel is open, on ``connection``'s current connection."""
+        return self.raw is connection.connection and _is_open(self.channel)
 
-    channel.send_method = counted
+    def broken_errors(self, connection: Any) -> tuple[type[BaseException], ...]:
+        """The errors that mean the connection or the channel failed, not the run."""
+        broken = (*connection.connection_errors, *connection.channel_errors, OperationalError)
+        if self.confirms is None:
+            # kombu's Redis transport counts KeyError as a connection error, and Celery's
+            # QueueNotFound is one: that is the run's own error, not to be retried.
+            broken = tuple(error for error in broken if error is not KeyError)
+        return broken
+
+    def expect(self, sending: _Sending) -> None:
+        """The next message with this run's task id is its task."""
+        self._expected[sending.run.task_id] = sending
+
+    def forget(self) -> None:
+        """Forget the runs of the last send (the delivery tags keep counting)."""
+        self._expected.clear()
+        if self.confirms is not None:
+            self.confirms.forget()
+
+    def _written(self, message: Any) -> _Sending | None:
+        """The run whose task ``message`` is, now written; None when it is no run's (or a second
+        message with the same id: the run's answer is its first)."""
+        task_id = _task_id(message)
+        sending = self._expected.get(task_id) if isinstance(task_id, str) else None
+        if sending is None or sending.written:
+            return None
+        sending.written = True
+        return sending
+
+    def _count_publishes(self, confirms: ConfirmTracker[_Sending]) -> None:
+        """Give every message written on the channel its delivery tag, as the broker does.
+
+        Counted at the frame write, not per task: ``apply_async`` may publish more than the task
+        (a ``task-sent`` event with ``task_send_sent_event``), and py-amqp's ``basic_publish`` may
+        fail on a pending channel error before writing anything, which must not take a tag.
+        """
+        send_method = self.channel.send_method
+
+        def counted(sig: Any, format: Any = None, args: Any = None, content: Any = None, *rest: Any, **kw: Any) -> Any:
+            if sig == spec.Basic.Publish:
+                confirms.writing(self._written(content))  # before the write: one that fails half-way took a tag
+            return send_method(sig, format, args, content, *rest, **kw)
+
+        self.channel.send_method = counted
+
+    def _track_publishes(self) -> None:
+        """Note every message published on the channel, a channel without confirms: a run's task
+        is written from the moment its publish starts, and sent once that call returned.
+
+        Noted at the channel's ``basic_publish``, not per task: ``apply_async`` may declare the
+        task's queue first (I/O that fails before anything is written) and publish a
+        ``task-sent`` event after the task (a failure then does not undo the task's publish).
+        """
+        basic_publish = self.channel.basic_publish
+
+        def tracked(message: Any, *args: Any, **kwargs: Any) -> Any:
+            sending = self._written(message)  # before the write: one that fails half-way may have queued it
+            result = basic_publish(message, *args, **kwargs)
+            if sending is not None:
+                sending.answer = True
+            return result
+
+        self.channel.basic_publish = tracked
 
 
 def _is_open(channel: Any) -> bool:
@@ -430,96 +582,9 @@ def _is_open(channel: Any) -> bool:
     return bool(is_open) if is_open is not None else not getattr(channel, "closed", False)
 
 
-def _track_publishes(channel: Any, publishes: _TaskPublishes) -> None:
-    """Note every message published on ``channel``, a channel without confirms: a run's task is
-    written from the moment its publish starts, and sent once that call returned.
-
-    Noted at the channel's ``basic_publish``, not per task: ``apply_async`` may declare the task's
-    queue first (I/O that fails before anything is written) and publish a ``task-sent`` event
-    after the task (a failure then does not undo the task's publish).
-    """
-    basic_publish = channel.basic_publish
-
-    def tracked(message: Any, *args: Any, **kwargs: Any) -> Any:
-        run = publishes.publishing(message)  # before the write: one that fails half-way may have queued it
-        result = basic_publish(message, *args, **kwargs)
-        if run is not None:
-            publishes.answers[run] = True
-        return result
-
-    channel.basic_publish = tracked
-
-
-class _TaskConfirms:
-    """Delivery tags of the messages written on one confirm channel, and the answers for the
-    runs' tasks among them."""
-
-    def __init__(self) -> None:
-        self.next_tag = 1
-        self.runs: dict[str, int] = {}  # task id -> run index, for the runs being sent
-        self.tags: dict[int, int | None] = {}  # unanswered delivery tag -> run index (None: not a run's task)
-        self.written: set[int] = set()  # run indexes whose message was written
-        self.answers: dict[int, bool] = {}  # run index -> acked (True) or nacked (False)
-
-    @property
-    def waiting(self) -> bool:
-        return any(run is not None for run in self.tags.values())
-
-    def writing(self, message: Any) -> None:
-        properties = getattr(message, "properties", None) or {}
-        task_id = (properties.get("application_headers") or {}).get("id") or properties.get("correlation_id")
-        run = self.runs.get(task_id) if isinstance(task_id, str) else None
-        if run is not None and run in self.written:
-            run = None  # a second message with the same id: the run's answer is its first
-        self.tags[self.next_tag] = run
-        if run is not None:
-            self.written.add(run)
-        self.next_tag += 1
-
-    def wrote(self, run: int) -> bool:
-        return run in self.written
-
-    def clear(self) -> None:
-        """Forget the runs of the last send (their tags keep counting)."""
-        self.runs.clear()
-        self.written.clear()
-        self.answers.clear()
-        self.tags = {tag: None for tag in self.tags}
-
-    def on_ack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple, True)
-
-    def on_nack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple, False)
-
-    def _settle(self, tag: int, multiple: bool, acked: bool) -> None:
-        for t in [t for t in self.tags if t <= tag] if multiple else [tag]:
-            run = self.tags.pop(t, None)
-            if run is not None:
-                self.answers[run] = acked
-
-
-class _TaskPublishes(_TaskConfirms):
-    """The runs' tasks published on a channel without confirms: a run's answer is set (acked)
-    when its publish call returns, and there is never anything to wait for."""
-
-    @property
-    def waiting(self) -> bool:
-        return False  # never drain_events: on a virtual transport that consumes messages
-
-    def publishing(self, message: Any) -> int | None:
-        """Note ``message`` being published; returns the run it is the task of, if any."""
-        task_id = _task_id(message)
-        run = self.runs.get(task_id) if isinstance(task_id, str) else None
-        if run is None or run in self.written:
-            return None  # a second message with the same id: the run's answer is its first
-        self.written.add(run)
-        return run
-
-
 def _task_id(message: Any) -> Any:
-    """The task id of a message as the channel's ``basic_publish`` gets it: a dict on kombu's
-    virtual transports, else a message object with AMQP-style properties."""
+    """The task id of a message as the channel gets it: a dict on kombu's virtual transports'
+    ``basic_publish``, else a message object with AMQP-style properties."""
     if isinstance(message, Mapping):
         headers = message.get("headers") or {}
         properties = message.get("properties") or {}

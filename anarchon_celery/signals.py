@@ -273,15 +273,7 @@ class _Writer:
                     lingered = True  # let more events gather first
                     self._cond.wait(LINGER_S)
                     continue
-                batch: list[_Event] = []
-                for _, job in ready:
-                    queue = self._queues[job]
-                    while queue and len(batch) < BATCH_EVENTS:
-                        batch.append(queue.popleft())
-                    if not queue:
-                        del self._queues[job]
-                    if len(batch) >= BATCH_EVENTS:
-                        break
+                batch = self._take([job for _, job in ready])
                 if batch:
                     self._waiting -= len(batch)
                     self._writing = len(batch)
@@ -291,6 +283,20 @@ class _Writer:
                     waits = [min(w, 1.0) for w in waits]
                 if not self._cond.wait(max(0.01, min([idle, *waits]))) and not self._waiting:
                     return []
+
+    def _take(self, jobs: list[str]) -> list[_Event]:
+        """Up to :data:`BATCH_EVENTS` events off the queues of ``jobs``, in that order (the
+        caller holds the lock)."""
+        batch: list[_Event] = []
+        for job in jobs:
+            queue = self._queues[job]
+            while queue and len(batch) < BATCH_EVENTS:
+                batch.append(queue.popleft())
+            if not queue:
+                del self._queues[job]
+            if len(batch) >= BATCH_EVENTS:
+                break
+        return batch
 
     def _write(self, batch: list[_Event]) -> list[_Event]:
         """Write ``batch``; return the events that must be tried again, in their order."""

@@ -16,13 +16,16 @@ scheduler talks to the broker, whose connections are thrown away afterwards.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["GRACE_S", "Stopping", "expired", "request", "requested", "reset", "waiting"]
+__all__ = ["GRACE_S", "StopSignals", "Stopping", "expired", "request", "requested", "reset", "waiting"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds the work in progress gets once a stop is requested.
 GRACE_S = 2.0
@@ -110,3 +113,64 @@ def reset() -> None:
     _state.alarm_armed = False
     _state.previous_alarm = None
     _state.deadline = None
+
+
+class StopSignals:
+    """SIGTERM and SIGINT deferred while the scheduler is :attr:`busy` claiming or sending, so
+    that a run won is not left unsent: the signal's own handler (beat's, which closes the
+    connections and exits) is called by :meth:`deliver` once the work is done, and the work gets
+    :data:`GRACE_S` at most, whatever the broker does (a second signal: at once). With no work
+    in progress, a signal is handled at once, as ever."""
+
+    def __init__(self) -> None:
+        #: Whether claims or sends are in progress (set by the scheduler around them).
+        self.busy = False
+        self._pending: tuple[Any, int, Any] | None = None
+        self._installed: dict[int, tuple[Any, Any]] = {}
+
+    @property
+    def pending(self) -> bool:
+        """Whether a stop signal arrived during the work and waits for :meth:`deliver`."""
+        return self._pending is not None
+
+    def install(self) -> None:
+        """Wrap the handlers of SIGTERM and SIGINT (in the main thread only: elsewhere signals
+        cannot be handled)."""
+        if not _main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            original = signal.getsignal(signum)
+            if not callable(original):
+                continue
+
+            def handler(signum: int, frame: Any, original: Any = original) -> None:
+                if self.busy:
+                    first = self._pending is None
+                    self._pending = (original, signum, frame)
+                    if first:
+                        logger.info("anarchon: stop requested: finishing the runs in progress (%gs at most)", GRACE_S)
+                    request()  # a second signal raises Stopping here, inside the broker wait
+                else:
+                    logger.info("anarchon: %s received with no run in progress: stopping", signal.Signals(signum).name)
+                    request()  # closing the connections is bounded too
+                    original(signum, frame)
+
+            signal.signal(signum, handler)
+            self._installed[signum] = (handler, original)
+
+    def deliver(self) -> None:
+        """Call the handler of the signal that arrived during the work, now that it is done."""
+        if self._pending is None:
+            return
+        handler, signum, frame = self._pending
+        self._pending = None
+        if not expired():
+            logger.info("anarchon: stopping, the runs in progress are done")
+        handler(signum, frame)
+
+    def restore(self) -> None:
+        """Put the handlers wrapped back (those not replaced since)."""
+        for signum, (ours, original) in self._installed.items():
+            if signal.getsignal(signum) is ours:
+                signal.signal(signum, original)
+        self._installed.clear()

@@ -336,72 +336,18 @@ def run(
     :class:`BrokerUnreachable` before starting anything if RabbitMQ does not answer,
     :class:`StartFailed` (logs kept) if a process does not start. Progress goes to stderr.
     """
-    from kombu.utils.url import maybe_sanitize_url
-
     if backend not in BACKENDS:
         raise DemoError(f"no backend {backend!r}: choose {' or '.join(BACKENDS)}")
     prefix = f"demo-{uuid.uuid4().hex[:8]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
     executions = tmp / "executions.jsonl"
-    env = dict(
-        os.environ,
-        ANARCHON_DEMO_PREFIX=prefix,
-        ANARCHON_DEMO_LOG=str(executions),
-        ANARCHON_DEMO_BROKER=BROKER,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-    )
-    folder: Path | None = None
-    if backend == "sqlite":
-        folder = tmp / "broker"
-        for sub in ("messages", "control"):
-            (folder / sub).mkdir(parents=True)
-        env.update(
-            ANARCHON_DEMO_BROKER="filesystem://",
-            ANARCHON_DEMO_FOLDER=str(folder),
-            ANARCHON_DEMO_BACKEND=f"sqlite:///{tmp / 'anarchon.db'}",
-        )
-        say(f"runs are decided in {tmp / 'anarchon.db'}; the tasks are files in {folder}")
-    else:
-        env.pop("ANARCHON_DEMO_FOLDER", None)
-        env.pop("ANARCHON_DEMO_BACKEND", None)
-        check_broker(BROKER)
-        say(f"the broker answers at {maybe_sanitize_url(BROKER)}; this run's queues are named {prefix}*")
-    worker_args = ["worker", "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    env, folder = _environment(backend, prefix, tmp, executions)
     procs: list[subprocess.Popen[bytes]] = []
     finished = start_failed = False
     try:
-        if embedded:
-            say(f"starting {beats} workers, each with the scheduler inside (-B)")
-            beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
-            workers = [
-                start_celery([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env)
-                for i, log in enumerate(beat_logs)
-            ]
-            beat_procs: list[subprocess.Popen[bytes]] = []
-            procs += workers
-        else:
-            say("starting a worker")
-            workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
-            procs += workers
-            _wait_ready({tmp / "worker.log": workers[0]}, "ready.", 60)
-            say(f"starting {beats} beat instances: each races the others to claim every run")
-            beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
-            beat_procs = [start_celery(["beat", "-l", "info", "--pidfile="], log, env) for log in beat_logs]
-            procs += beat_procs
-        _wait_ready(dict(zip(beat_logs, beat_procs or workers)), "anarchon: ready as", 60)
-        say(f"running for {duration:g} s, a line every {PROGRESS_EVERY_S} s")
+        workers, beat_procs, beat_logs = _start(procs, beats, embedded, prefix, tmp, env)
         window_start = now_ms()
-        started = time.monotonic()
-        exited: set[Path] = set()
-        for elapsed in [*range(PROGRESS_EVERY_S, int(duration), PROGRESS_EVERY_S), duration]:
-            time.sleep(max(0.0, started + elapsed - time.monotonic()))
-            if elapsed == duration:
-                window_end = now_ms()
-            for log, proc in zip(beat_logs, beat_procs or workers):
-                if log not in exited and proc.poll() is not None:
-                    exited.add(log)
-                    say(f"{log.stem} exited (status {proc.returncode}); --keep-logs keeps its log")
-            say(f"{elapsed:g}/{duration:g} s: {_so_far(executions, beat_logs)}")
+        window_end = _watch(duration, executions, beat_logs, beat_procs or workers)
         if embedded:  # the workers stop consuming at once: first let them run the window's runs
             say("time is up: waiting for the window's runs sent to execute")
             _wait_until_run(prefix, executions, beat_logs, folder, until_ms=window_end - END_MARGIN_MS)
@@ -418,18 +364,7 @@ def run(
             stop(proc)
         say("counting the runs, and reading what `celery -A demo_app anarchon` shows of them")
         result = _report(prefix, env, beat_logs, executions, window_start, window_end)
-        result["cli"] = {  # what `celery -A demo_app anarchon ...` shows of this run
-            name: subprocess.run(
-                [sys.executable, "-m", "celery", "-A", "demo_app", "anarchon", *args],
-                cwd=HERE,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            ).stdout
-            for name, args in (("jobs", ["jobs"]), ("history", ["history", "fails", "-n", "3"]), ("check", ["check"]))
-        }
+        result["cli"] = _cli_views(env)
         finished = True
         return result
     except StartFailed:
@@ -444,6 +379,96 @@ def run(
             say(f"logs kept in {tmp}")
         elif finished:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _environment(backend: str, prefix: str, tmp: Path, executions: Path) -> tuple[dict[str, str], Path | None]:
+    """The environment of the demo's processes, and the folder of the tasks' files (SQLite)."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    env = dict(
+        os.environ,
+        ANARCHON_DEMO_PREFIX=prefix,
+        ANARCHON_DEMO_LOG=str(executions),
+        ANARCHON_DEMO_BROKER=BROKER,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
+    if backend != "sqlite":
+        env.pop("ANARCHON_DEMO_FOLDER", None)
+        env.pop("ANARCHON_DEMO_BACKEND", None)
+        check_broker(BROKER)
+        say(f"the broker answers at {maybe_sanitize_url(BROKER)}; this run's queues are named {prefix}*")
+        return env, None
+    folder = tmp / "broker"
+    for sub in ("messages", "control"):
+        (folder / sub).mkdir(parents=True)
+    env.update(
+        ANARCHON_DEMO_BROKER="filesystem://",
+        ANARCHON_DEMO_FOLDER=str(folder),
+        ANARCHON_DEMO_BACKEND=f"sqlite:///{tmp / 'anarchon.db'}",
+    )
+    say(f"runs are decided in {tmp / 'anarchon.db'}; the tasks are files in {folder}")
+    return env, folder
+
+
+def _start(
+    procs: list[subprocess.Popen[bytes]], beats: int, embedded: bool, prefix: str, tmp: Path, env: dict[str, str]
+) -> tuple[list[subprocess.Popen[bytes]], list[subprocess.Popen[bytes]], list[Path]]:
+    """Start the worker and the beats (or the workers with a beat inside), each added to
+    ``procs`` as it starts; returns the workers, the beats and the logs of the beats."""
+    worker_args = ["worker", "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    beat_procs: list[subprocess.Popen[bytes]] = []
+    if embedded:
+        say(f"starting {beats} workers, each with the scheduler inside (-B)")
+        beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
+        for i, log in enumerate(beat_logs):
+            procs.append(start_celery([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env))
+        workers = list(procs)
+    else:
+        say("starting a worker")
+        workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
+        procs += workers
+        _wait_ready({tmp / "worker.log": workers[0]}, "ready.", 60)
+        say(f"starting {beats} beat instances: each races the others to claim every run")
+        beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
+        for log in beat_logs:
+            beat_procs.append(start_celery(["beat", "-l", "info", "--pidfile="], log, env))
+            procs.append(beat_procs[-1])
+    _wait_ready(dict(zip(beat_logs, beat_procs or workers)), "anarchon: ready as", 60)
+    return workers, beat_procs, beat_logs
+
+
+def _watch(duration: float, executions: Path, beat_logs: list[Path], schedulers: list[subprocess.Popen[bytes]]) -> int:
+    """Let the beats run for ``duration`` seconds, with a line of progress every few seconds;
+    returns when the window ended (epoch ms)."""
+    say(f"running for {duration:g} s, a line every {PROGRESS_EVERY_S} s")
+    started = time.monotonic()
+    exited: set[Path] = set()
+    window_end = now_ms()
+    for elapsed in [*range(PROGRESS_EVERY_S, int(duration), PROGRESS_EVERY_S), duration]:
+        time.sleep(max(0.0, started + elapsed - time.monotonic()))
+        window_end = now_ms()
+        for log, proc in zip(beat_logs, schedulers):
+            if log not in exited and proc.poll() is not None:
+                exited.add(log)
+                say(f"{log.stem} exited (status {proc.returncode}); --keep-logs keeps its log")
+        say(f"{elapsed:g}/{duration:g} s: {_so_far(executions, beat_logs)}")
+    return window_end
+
+
+def _cli_views(env: dict[str, str]) -> dict[str, str]:
+    """What `celery -A demo_app anarchon ...` shows of this run."""
+    return {
+        name: subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "demo_app", "anarchon", *args],
+            cwd=HERE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        ).stdout
+        for name, args in (("jobs", ["jobs"]), ("history", ["history", "fails", "-n", "3"]), ("check", ["check"]))
+    }
 
 
 def _report(

@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import time
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +54,8 @@ class FaultyScheduler(Scheduler):
 
     _failing: tuple[str, int] | None = None
 
-    @cached_property
-    def sender(self) -> TaskSender:
-        sender = TaskSender(self.app, self.connection)
+    def make_sender(self, connection: Any) -> TaskSender:
+        sender = super().make_sender(connection)
         if FAULT == "fail-send":
             return self._failing_sender(sender)
         if FAULT != "die-after-claim":

@@ -29,7 +29,7 @@ from anarchon_celery import (
     SQLiteBackend,
     clock,
 )
-from anarchon_celery.backends import Backend
+from anarchon_celery.backends import Backend, TakeoverKind
 from anarchon_celery.backends.rabbitmq import (
     ahead,
     check_server,
@@ -255,14 +255,14 @@ def test_a_backup_takes_a_run_over_only_once_the_lease_has_run_out(make_backend:
     (armed,) = backend.armed()
     assert 0 < armed.lease_left_ms <= 400
     (early,) = backend.take_over([run], "b")
-    assert early.kind == "held" and 0 < early.value <= 400
+    assert early.kind is TakeoverKind.HELD and 0 < early.value <= 400
     time.sleep(armed.lease_left_ms / 1000 + 0.05)
-    assert [t.kind for t in backend.take_over([run], "b")] == ["won"]
+    assert [t.kind for t in backend.take_over([run], "b")] == [TakeoverKind.WON]
     assert backend.take_over([run], "b")[0].value == 2  # asked again (an answer lost): still its own
-    assert backend.take_over([run], "c")[0].kind == "held"  # the new holder's lease
+    assert backend.take_over([run], "c")[0].kind is TakeoverKind.HELD  # the new holder's lease
     assert backend.mark_sent([("job", run.slot, 1)], "a") == [False]  # the first winner, too late
     assert backend.mark_sent([("job", run.slot, 2)], "b") == [True]
-    assert backend.take_over([run], "c")[0].kind == "done"
+    assert backend.take_over([run], "c")[0].kind is TakeoverKind.DONE
 
 
 def test_a_run_sent_in_time_is_never_taken_over(make_backend: Any) -> None:
@@ -275,7 +275,7 @@ def test_a_run_sent_in_time_is_never_taken_over(make_backend: Any) -> None:
     backend.claim([run], "b")
     assert backend.armed() == []  # sent: no backup needed
     time.sleep(0.15)
-    assert backend.take_over([run], "c")[0].kind == "done"
+    assert backend.take_over([run], "c")[0].kind is TakeoverKind.DONE
 
 
 def test_no_takeover_past_the_runs_deadline(make_backend: Any) -> None:
@@ -287,7 +287,7 @@ def test_no_takeover_past_the_runs_deadline(make_backend: Any) -> None:
     backend.claim([run], "a")
     time.sleep(0.3)
     (late,) = backend.take_over([run], "b")
-    assert late.kind == "late" and late.value > 0
+    assert late.kind is TakeoverKind.LATE and late.value > 0
 
 
 def test_the_worker_starts_a_run_once_and_only_with_its_current_token(make_backend: Any) -> None:
@@ -303,7 +303,7 @@ def test_the_worker_starts_a_run_once_and_only_with_its_current_token(make_backe
     assert backend.start_run("job", run.slot, 2, False) is False  # a second message of the same token
     assert backend.start_run("job", run.slot, 2, True) is True  # delivered again: its worker died
     assert backend.start_run("job", run.slot + 1, 1, False) is None  # a run it does not know
-    assert backend.take_over([run], "c")[0].kind == "done"  # started: nothing to take over
+    assert backend.take_over([run], "c")[0].kind is TakeoverKind.DONE  # started: nothing to take over
 
 
 def test_a_lease_handed_back_is_taken_over_at_once(make_backend: Any) -> None:
@@ -315,7 +315,7 @@ def test_a_lease_handed_back_is_taken_over_at_once(make_backend: Any) -> None:
     assert backend.hand_back([("job", run.slot, 1)], "b") == 0  # not its lease
     assert backend.hand_back([("job", run.slot, 1)], "a") == 1
     (taken,) = backend.take_over([run], "b")
-    assert (taken.kind, taken.value) == ("won", 2)
+    assert (taken.kind, taken.value) == (TakeoverKind.WON, 2)
     assert backend.hand_back([("job", run.slot, 1)], "a") == 0  # its token is not current any more
 
 
@@ -369,7 +369,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
             postgres_servers.system_cluster("restart", "-m", "fast")
         assert b.claim([first], "b") == [Outcome.LOST]  # decided before the restart
         assert [armed.rank for armed in b.armed()] == [1]  # its lease kept: b is a backup
-        assert b.take_over([first], "b")[0].kind == "held"
+        assert b.take_over([first], "b")[0].kind is TakeoverKind.HELD
         assert a.mark_sent([("job", first.slot, 1)], "a") == [True]
         later = Claim("job", now, deadline_ms=now + 120_000)
         assert a.claim([later], "a") == [Outcome.WON]
@@ -386,7 +386,7 @@ def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:
     runs = [Claim("race", slot, deadline_ms=None, backups=1) for slot in range(1000, 1040)]
     start.wait()
     try:
-        return [f"{t.kind}:{t.value}" for t in backend.take_over(runs, f"p{me}")]
+        return [f"{t.kind.value}:{t.value}" for t in backend.take_over(runs, f"p{me}")]
     finally:
         backend.close()
 

@@ -19,6 +19,7 @@ from anarchon_celery import ConfigError, MemoryBackend, RabbitMQBackend, Schedul
 from anarchon_celery import clock as clock_module
 from anarchon_celery.backends.rabbitmq import gate_name
 from anarchon_celery.connections import negotiated_heartbeat
+from anarchon_celery.sending import TaskLink
 
 pytestmark = pytest.mark.broker
 
@@ -234,7 +235,7 @@ def test_a_task_broker_away_is_tried_after_the_claims_only(
     app.conf.anarchon_backend = broker_url
     app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0, "max_late_ms": 100}}
-    monkeypatch.setattr(Scheduler, "connect_backoff_s", 0.0)
+    monkeypatch.setattr(TaskLink, "connect_backoff_s", 0.0)
     caplog.set_level(logging.INFO, logger="anarchon_celery")
     scheduler = Scheduler(app)
     tries = 0

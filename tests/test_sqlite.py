@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from anarchon_celery import BrokerRefused, BrokerUnavailable, Claim, ConfigError, Outcome, SQLiteBackend
+from anarchon_celery.backends import TakeoverKind
 from anarchon_celery.backends.sqlite import network_file_system, sqlite_path
 from anarchon_celery.backends.store import EARLY_WAIT_MS
 
@@ -203,7 +204,7 @@ def test_a_file_made_before_leases_is_upgraded(tmp_path: Path) -> None:
     record = backend.run_record("j", 5000)
     assert record is not None and (record.holder, record.token, record.lease_end_ms) == ("old", 1, 0)
     # Won before leases: its task went without a token, so a takeover could run it twice. Left alone.
-    assert backend.take_over([Claim("j", 5000)], "new")[0].kind == "done"
+    assert backend.take_over([Claim("j", 5000)], "new")[0].kind is TakeoverKind.DONE
     backend.close()
 
 

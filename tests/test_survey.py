@@ -24,7 +24,8 @@ DOWN = NodeAnswer("amqp://guest:**@a3//", problem="does not answer (ConnectionRe
     ],
 )
 def test_judge(answers: list[NodeAnswer], errors: list[str], warnings: list[str]) -> None:
-    found_errors, found_warnings = judge(answers)
+    judgement = judge(answers)
+    found_errors, found_warnings = judgement.errors, judgement.warnings
     assert len(found_errors) == len(errors) and all(e in f for e, f in zip(errors, found_errors))
     assert len(found_warnings) == len(warnings) and all(w in f for w, f in zip(warnings, found_warnings))
 

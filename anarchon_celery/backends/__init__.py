@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..settings import Settings
-from .base import Backend, Claim, Outcome
+from .base import Backend, Claim, Outcome, Takeover, TakeoverKind
 from .memory import MemoryBackend
 from .postgres import POSTGRES_SCHEMES, PostgresBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
@@ -23,6 +23,8 @@ __all__ = [
     "RabbitMQBackend",
     "RedisBackend",
     "SQLiteBackend",
+    "Takeover",
+    "TakeoverKind",
     "backend_for",
 ]
 
@@ -34,83 +36,85 @@ def backend_for(app: Any, settings: Settings, *, timeout: float | None = None) -
     """The backend the settings name: an instance, a URL, or by default the app's RabbitMQ.
     ``timeout``: seconds a store made here from a URL waits for an answer (else its default); an
     instance given keeps its own."""
-    store_options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     chosen = settings.backend
     if isinstance(chosen, Backend):
-        for key in ("prefix", "slot_ttl_ms", *(("lease_ms",) if chosen.leases else ())):
-            given = app.conf.get(f"anarchon_{key}")
-            if given is not None and given != getattr(chosen, key):
-                raise ConfigError(
-                    f"anarchon_{key} is {given!r} but the anarchon_backend instance has {key} "
-                    f"{getattr(chosen, key)!r}: set it on the backend only"
-                )
+        _check_instance(app, chosen)
         return chosen
     if chosen is None:  # the app's broker, when it can decide runs: RabbitMQ or Redis
-        connection = app.connection_for_write()
-        try:
-            transport = connection.transport_cls
-            if transport in REDIS_SCHEMES:
-                return RedisBackend.from_url(
-                    _redis_url_of(connection),
-                    prefix=settings.prefix,
-                    slot_ttl_ms=settings.slot_ttl_ms,
-                    lease_ms=settings.lease_ms,
-                    **store_options,
-                )
-            if transport not in AMQP_SCHEMES:
-                raise ConfigError(
-                    f"the app's broker is {connection.as_uri()}, neither RabbitMQ nor Redis: set "
-                    "anarchon_backend to an amqp://, redis://, postgresql:// or sqlite:/// URL, or a backend"
-                )
-        finally:
-            connection.release()
-        return RabbitMQBackend.from_app(app, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+        return _broker_backend(app, settings, timeout)
     if isinstance(chosen, str):
-        scheme = chosen.split("://", 1)[0]
-        if scheme == "memory":
-            shared = (settings.prefix, settings.slot_ttl_ms)
-            if shared not in _MEMORY:
-                _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
-            return _MEMORY[shared]
-        if scheme in REDIS_SCHEMES:
-            return RedisBackend.from_url(
-                chosen,
-                prefix=settings.prefix,
-                slot_ttl_ms=settings.slot_ttl_ms,
-                lease_ms=settings.lease_ms,
-                **store_options,
-            )
-        if scheme in POSTGRES_SCHEMES:
-            return PostgresBackend.from_url(
-                chosen,
-                prefix=settings.prefix,
-                slot_ttl_ms=settings.slot_ttl_ms,
-                lease_ms=settings.lease_ms,
-                **store_options,
-            )
-        if scheme == "sqlite":
-            return SQLiteBackend.from_url(
-                chosen,
-                prefix=settings.prefix,
-                slot_ttl_ms=settings.slot_ttl_ms,
-                lease_ms=settings.lease_ms,
-                **store_options,
-            )
-        if scheme in AMQP_SCHEMES:
-            return RabbitMQBackend(
-                chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
-            )
-        raise ConfigError(
-            f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis://, sentinel:// or "
-            "postgresql:// URL, sqlite:///file.db (the instances of one host), memory:// (one process, for tests) "
-            "or a Backend instance"
-        )
+        return _url_backend(app, chosen, settings, timeout)
     if isinstance(chosen, (list, tuple)):  # the nodes of a cluster
         return RabbitMQBackend(
             chosen, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
         )
     raise ConfigError(
         f"anarchon_backend must be a URL, a list of a cluster's URLs or a Backend instance, not {type(chosen).__name__}"
+    )
+
+
+#: The stores made from a URL, by scheme.
+_STORES: dict[str, Any] = {
+    **dict.fromkeys(REDIS_SCHEMES, RedisBackend),
+    **dict.fromkeys(POSTGRES_SCHEMES, PostgresBackend),
+    "sqlite": SQLiteBackend,
+}
+
+
+def _check_instance(app: Any, chosen: Backend) -> None:
+    """A backend instance keeps its own prefix, slot_ttl_ms and lease_ms: settings that differ
+    are an error, not silently ignored."""
+    for key in ("prefix", "slot_ttl_ms", *(("lease_ms",) if chosen.leases else ())):
+        given = app.conf.get(f"anarchon_{key}")
+        if given is not None and given != getattr(chosen, key):
+            raise ConfigError(
+                f"anarchon_{key} is {given!r} but the anarchon_backend instance has {key} "
+                f"{getattr(chosen, key)!r}: set it on the backend only"
+            )
+
+
+def _store(url: str, scheme: str, settings: Settings, timeout: float | None) -> Backend:
+    options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    store: Backend = _STORES[scheme].from_url(
+        url, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, lease_ms=settings.lease_ms, **options
+    )
+    return store
+
+
+def _broker_backend(app: Any, settings: Settings, timeout: float | None) -> Backend:
+    """The backend of the app's broker: RabbitMQ's gates, or a Redis store."""
+    connection = app.connection_for_write()
+    try:
+        transport = connection.transport_cls
+        if transport in REDIS_SCHEMES:
+            return _store(_redis_url_of(connection), transport, settings, timeout)
+        if transport not in AMQP_SCHEMES:
+            raise ConfigError(
+                f"the app's broker is {connection.as_uri()}, neither RabbitMQ nor Redis: set "
+                "anarchon_backend to an amqp://, redis://, postgresql:// or sqlite:/// URL, or a backend"
+            )
+    finally:
+        connection.release()
+    return RabbitMQBackend.from_app(app, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
+
+
+def _url_backend(app: Any, url: str, settings: Settings, timeout: float | None) -> Backend:
+    scheme = url.split("://", 1)[0]
+    if scheme == "memory":
+        shared = (settings.prefix, settings.slot_ttl_ms)
+        if shared not in _MEMORY:
+            _MEMORY[shared] = MemoryBackend(settings.prefix, settings.slot_ttl_ms)
+        return _MEMORY[shared]
+    if scheme in _STORES:
+        return _store(url, scheme, settings, timeout)
+    if scheme in AMQP_SCHEMES:
+        return RabbitMQBackend(
+            url, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms, **app_connection_options(app)
+        )
+    raise ConfigError(
+        f"anarchon_backend {scheme}:// is not supported: use an amqp://, redis://, sentinel:// or "
+        "postgresql:// URL, sqlite:///file.db (the instances of one host), memory:// (one process, for tests) "
+        "or a Backend instance"
     )
 
 

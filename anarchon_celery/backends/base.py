@@ -11,11 +11,26 @@ import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import AnarchonError, ConfigError
 
-__all__ = ["Armed", "Backend", "Claim", "MissedRuns", "Outcome", "Takeover", "check_prefix", "check_slot_ttl"]
+if TYPE_CHECKING:
+    from ..jobs import Job
+
+__all__ = [
+    "Armed",
+    "Backend",
+    "Claim",
+    "Finding",
+    "MissedRuns",
+    "Outcome",
+    "Takeover",
+    "TakeoverKind",
+    "check_prefix",
+    "check_slot_ttl",
+    "checked",
+]
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]*\Z")
 
@@ -117,16 +132,59 @@ class Armed:
     lease_left_ms: int
 
 
+class TakeoverKind(enum.Enum):
+    """The answer to a backup's try at a run (see :meth:`Backend.take_over`)."""
+
+    #: This instance now holds the run: it sends the task, with the run's next fencing token.
+    WON = "won"
+    #: The winner's lease still runs: try again when it ends.
+    HELD = "held"
+    #: Sent or started (or nothing to take over): no backup needed.
+    DONE = "done"
+    #: Past the run's deadline: it is not sent by anyone any more.
+    LATE = "late"
+    #: The store could not be reached: try again a moment later, while the deadline allows.
+    UNDECIDED = "undecided"
+
+
 @dataclass(frozen=True, slots=True)
 class Takeover:
-    """A backup's try at a run (see :meth:`Backend.take_over`): ``kind`` is ``"won"`` (this
-    instance now holds the run: ``value`` is its fencing token), ``"held"`` (the lease runs
-    for ``value`` more milliseconds), ``"done"`` (sent or started: no backup needed),
-    ``"late"`` (past the run's deadline by ``value`` ms) or ``"undecided"`` (the store could
-    not be reached)."""
+    """A backup's try at a run (see :meth:`Backend.take_over`): ``value`` is the run's fencing
+    token when ``kind`` is ``WON``, the milliseconds the lease still runs when ``HELD``, and how
+    far past the run's deadline when ``LATE``."""
 
-    kind: str
+    kind: TakeoverKind
     value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One line of ``celery anarchon check``: a check that passed (``ok``), passed with a
+    warning (``warn``), or failed, with what it found; ``node``: the cluster node it is about."""
+
+    check: str
+    detail: str
+    ok: bool = True
+    warn: bool = False
+    node: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"check": self.check, "ok": self.ok}
+        if self.node is not None:
+            shown["node"] = self.node
+        if self.warn:
+            shown["warn"] = True
+        shown["detail"] = self.detail
+        return shown
+
+
+def checked(check: str, action: Callable[[], Finding]) -> Finding:
+    """The finding of ``action``, or a failed ``check`` with the error it raised (one line)."""
+    try:
+        return action()
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, as one line
+        detail = str(exc) if isinstance(exc, AnarchonError) else f"{type(exc).__name__}: {exc}"
+        return Finding(check, detail, ok=False)
 
 
 class Backend(abc.ABC):
@@ -285,6 +343,31 @@ class Backend(abc.ABC):
         """Raise :class:`~anarchon_celery.BrokerError` when history cannot be kept here."""
         return None
 
+    # -- diagnostics (celery anarchon check) -----------------------------------------------------
+
+    #: How ``celery anarchon check`` names the checks of where runs are decided and of history.
+    check_names: tuple[str, str] = ("store", "history")
+
+    def survey_nodes(self, *, rabbitmqctl: str | None = None) -> list[Finding]:
+        """The nodes of a cluster, one finding each, and what they say together (a check named
+        ``nodes`` that fails: the list is never safe). None for a backend of one place."""
+        return []
+
+    def report_reach(self) -> Finding:
+        """Open the backend and say what and where it is; raises when it cannot be reached."""
+        self.open()
+        return Finding(self.check_names[0], f"{self.describe()}: reachable")
+
+    def report_claims(self, jobs: Sequence[Job]) -> Finding:
+        """Check that runs can be decided here (:meth:`check_claims`) and say how, for ``jobs``."""
+        self.check_claims()
+        return Finding("claims", "runs can be decided")
+
+    def report_history(self) -> Finding:
+        """Check that history can be kept here (:meth:`check_history`)."""
+        self.check_history()
+        return Finding(self.check_names[1], "history can be kept")
+
     def place(self) -> str | None:
         """Where this backend decides runs, as text that two instances compare: equal exactly when
         they decide in the same place (the same store and prefix, however each one's URL spells
@@ -297,6 +380,11 @@ class Backend(abc.ABC):
         """Which of ``jobs`` have state here under another ``prefix`` (a cursor, or a history
         stream on RabbitMQ), after :meth:`open`: whether a deployment kept its runs there. The
         default finds none. Raises :class:`~anarchon_celery.BrokerError` when it cannot look."""
+        return []
+
+    def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:
+        """What to warn of at start about running ``jobs`` here (at ``now_ms``): a rule of this
+        backend that the jobs strain without breaking it. No I/O; none by default."""
         return []
 
     @abc.abstractmethod

@@ -127,18 +127,6 @@ class PostgresBackend(SqlBackend):
         self._listener_pid = 0
         self._version = "?"
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        prefix: str = "cron.",
-        slot_ttl_ms: int = 300_000,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        timeout: float = 5.0,
-    ) -> PostgresBackend:
-        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms, timeout=timeout)
-
     # -- the connection -------------------------------------------------------------------------
 
     def open(self) -> None:

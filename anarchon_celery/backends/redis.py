@@ -141,18 +141,6 @@ class RedisBackend(StoreBackend):
         self._checked = False
         self._version_text = "?"
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        prefix: str = "cron.",
-        slot_ttl_ms: int = 300_000,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        timeout: float = 5.0,
-    ) -> RedisBackend:
-        return cls(url, prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms, timeout=timeout)
-
     # -- the connection -------------------------------------------------------------------------
 
     def open(self) -> None:

@@ -209,16 +209,8 @@ class SQLiteBackend(SqlBackend):
         self._heard_handback: int | None = None
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        prefix: str = "cron.",
-        slot_ttl_ms: int = 300_000,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        timeout: float = 5.0,
-    ) -> SQLiteBackend:
-        return cls(sqlite_path(url), prefix=prefix, slot_ttl_ms=slot_ttl_ms, lease_ms=lease_ms, timeout=timeout)
+    def location_of(cls, url: str) -> str:
+        return sqlite_path(url)
 
     # -- the connection -------------------------------------------------------------------------
 

@@ -19,11 +19,23 @@ import abc
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .. import clock
 from ..errors import ConfigError
-from .base import Armed, Backend, Claim, MissedRuns, Outcome, Takeover, check_prefix, check_slot_ttl
+from ..jobs import Job, backups_never_act
+from .base import (
+    Armed,
+    Backend,
+    Claim,
+    Finding,
+    MissedRuns,
+    Outcome,
+    Takeover,
+    TakeoverKind,
+    check_prefix,
+    check_slot_ttl,
+)
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
@@ -52,6 +64,12 @@ class Answer(NamedTuple):
     outcome: Outcome
     amount: int = 0
     rank: int = 0
+
+
+_Store = TypeVar("_Store", bound="StoreBackend")
+
+#: ``celery anarchon check`` warns when this host's clock is further than this off the store's.
+CLOCK_WARNING_MS = 1_000
 
 
 class StoreBackend(Backend):
@@ -194,9 +212,9 @@ class StoreBackend(Backend):
             answers = self._again_on_a_new_connection(lambda: self._take_over(claims, instance))
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             self._failed("take runs over", exc)
-            return [Takeover("undecided")] * len(claims)
+            return [Takeover(TakeoverKind.UNDECIDED)] * len(claims)
         self._recovered()
-        return [Takeover(kind, value) for kind, value in answers]
+        return [Takeover(TakeoverKind(kind), value) for kind, value in answers]
 
     def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool | None]:
         if not runs:
@@ -251,6 +269,70 @@ class StoreBackend(Backend):
     # -- where runs are decided -----------------------------------------------------------------
 
     _place: str | None = None
+
+    @classmethod
+    def from_url(
+        cls: type[_Store],
+        url: str,
+        *,
+        prefix: str = "cron.",
+        slot_ttl_ms: int = 300_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: float = 5.0,
+    ) -> _Store:
+        """The store at ``url`` (as ``anarchon_backend`` gives it)."""
+        options: dict[str, Any] = {
+            "prefix": prefix,
+            "slot_ttl_ms": slot_ttl_ms,
+            "lease_ms": lease_ms,
+            "timeout": timeout,
+        }
+        return cls(cls.location_of(url), **options)
+
+    @classmethod
+    def location_of(cls, url: str) -> str:
+        """What the store's constructor takes for ``url``: the URL itself, unless said otherwise."""
+        return url
+
+    def report_reach(self) -> Finding:
+        """The store's version, and how far this host's clock is off the store's, which decides
+        (a warning past :data:`CLOCK_WARNING_MS`)."""
+        self.open()
+        skew = clock.now_ms() - self.store_now_ms()
+        shown = f"{self.describe()}: {self.store_version()}; this host's clock {skew:+d} ms off the store's"
+        if abs(skew) > CLOCK_WARNING_MS:
+            return Finding("store", f"{shown}: runs are decided on the store's clock, check time sync", warn=True)
+        return Finding("store", shown)
+
+    def report_claims(self, jobs: Sequence[Job]) -> Finding:
+        """The lease and the backups per run; a warning for jobs whose backups can never act."""
+        self.check_claims()
+        counts = sorted({job.backup_runners for job in jobs}) or [0]
+        backups = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        shown = (
+            f"runs can be decided (the store takes writes); a winner holds its run for {self.lease_ms} ms, "
+            f"{backups} backup(s) per run"
+        )
+        blind = sorted(job.name for job in jobs if backups_never_act(job, self.lease_ms))
+        if blind:
+            return Finding(
+                "claims",
+                f"{shown}; but the backups of {', '.join(blind)} can never act: their max_late_ms is not longer "
+                "than anarchon_lease_ms",
+                warn=True,
+            )
+        return Finding("claims", shown)
+
+    def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:
+        """Jobs whose backups could never act: their runs' deadline comes before the winner's
+        lease runs out."""
+        return [
+            f"job {job.name!r}: max_late_ms ({job.max_late_ms}) is not longer than the winner's lease "
+            f"(anarchon_lease_ms {self.lease_ms}): its backups can never take a run over, and a winner that "
+            "dies before sending loses the run. Raise max_late_ms or lower anarchon_lease_ms"
+            for job in jobs
+            if backups_never_act(job, self.lease_ms)
+        ]
 
     def place(self) -> str | None:
         """An identity kept in the store itself (made once, by whoever comes first), with the

@@ -16,9 +16,9 @@ import amqp
 from amqp import spec
 from kombu import Connection
 
-from ...connections import NodeLog
+from ...connections import NodeLog, abort
 from .declaring import write_declare
-from .link import READ_SLICE, Link, abort, text
+from .link import READ_SLICE, Link, text
 from .names import gate_arguments
 
 logger = logging.getLogger(__name__)

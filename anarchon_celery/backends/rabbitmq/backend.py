@@ -14,7 +14,9 @@ from kombu import Connection
 
 from ...connections import keep_alive, negotiated_heartbeat
 from ...errors import BrokerRefused, BrokerUnavailable, ConfigError
-from ..base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from ...jobs import Job, live_gates
+from ..base import Backend, Claim, Finding, Outcome, check_prefix, check_slot_ttl
+from . import survey
 from .ahead import DeclaresAhead
 from .claims import Claimer
 from .gates import PROBE_S, declare_gates, gates_away
@@ -62,6 +64,7 @@ class RabbitMQBackend(Backend):
     """
 
     title = "the RabbitMQ backend"
+    check_names = ("broker", "streams")
 
     def __init__(
         self,
@@ -160,6 +163,41 @@ class RabbitMQBackend(Backend):
         self.link.opened = False
         self.link.discard(connection_lost=True)
         self._ahead.close(broken=True)
+
+    def survey_nodes(self, *, rabbitmqctl: str | None = None) -> list[Finding]:
+        """Every node of a cluster's list, asked once (see :mod:`.survey`); nothing for one node."""
+        return survey.findings(self.connection, min(self.connection.connect_timeout or 5.0, 5.0), rabbitmqctl)
+
+    def report_reach(self) -> Finding:
+        self.open()
+        return Finding("broker", f"{self.describe()}: RabbitMQ {'.'.join(map(str, self.server_version))}")
+
+    def report_claims(self, jobs: Sequence[Job]) -> Finding:
+        self.check_claims()
+        return Finding("claims", "a gate can be declared, claimed and deleted under the prefix (permissions)")
+
+    def report_history(self) -> Finding:
+        self.check_history()
+        return Finding("streams", "history streams can be created")
+
+    #: Above this many broker files for the jobs' live queues (one per gate, see
+    #: :func:`~anarchon_celery.jobs.live_gates`, two per history stream), a warning at start
+    #: names RabbitMQ's open-file limit.
+    files_warning = 500
+
+    def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:
+        """Jobs that keep more queues alive than RabbitMQ may hold files for."""
+        gates = live_gates(jobs, self.slot_ttl_ms, now_ms)
+        streams = sum(1 for job in jobs if job.history_size)
+        if gates + 2 * streams <= self.files_warning:
+            return []
+        return [
+            f"these jobs keep up to about {gates} gate queues (slot_ttl_ms {self.slot_ttl_ms}) and {streams} "
+            "history streams alive at once. RabbitMQ holds about one file per gate while it recovers them "
+            "after a restart, and two per stream; RabbitMQ 3.10 hangs when they outnumber its open-file "
+            f"limit (1,024 in some packages). Raise that limit well above {gates + 2 * streams} (LimitNOFILE), "
+            "lower anarchon_slot_ttl_ms, or set history_size 0 where history is not needed"
+        ]
 
     def describe(self) -> str:
         return f"rabbitmq {self.connection.as_uri()} (prefix {self.prefix!r}, slot_ttl_ms {self.slot_ttl_ms})"

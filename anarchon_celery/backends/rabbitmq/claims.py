@@ -15,6 +15,7 @@ from typing import Any
 import amqp
 
 from ... import clock
+from ...confirms import ConfirmTracker, publish
 from ..base import Claim, Outcome
 from .ahead import DeclaresAhead
 from .link import Link
@@ -29,59 +30,44 @@ AWAY_FORGOTTEN_S = 3600.0
 class Confirms:
     """A confirm-mode channel and the answers to the claims published on it.
 
-    Answers are matched by delivery tag; a ``basic.return`` (which RabbitMQ sends before the ack
-    of the same message) is matched by routing key, the gate's name, which is unique per claim.
+    Answers are matched by delivery tag (:class:`~anarchon_celery.confirms.ConfirmTracker`); a
+    ``basic.return`` (which RabbitMQ sends before the ack of the same message) is matched by
+    routing key, the gate's name, which is unique per claim.
     """
 
     def __init__(self, connection: amqp.Connection) -> None:
         self.channel = connection.channel()
         self.channel.confirm_select()
-        self.next_tag = 1
-        self.pending: dict[int, str] = {}
+        self.tracker: ConfirmTracker[str] = ConfirmTracker(self._answered)
+        self.tracker.listen(self.channel)
         self.answers: dict[str, Outcome] = {}
         self.returned: set[str] = set()
         self.won: list[str] = []  # gates answered WON since the caller last took them
         self.dead = False
-        self.channel.events["basic_ack"].add(self._on_ack)
-        self.channel.events["basic_nack"].add(self._on_nack)
         self.channel.events["basic_return"].add(self._on_return)
 
     def publish(self, gate: str, body: bytes) -> None:
         message = amqp.Message(body, delivery_mode=2, content_type="application/json")
-        tag = self.next_tag
-        self.next_tag += 1  # the broker numbers every publish on the channel, even a failed one
-        self.pending[tag] = gate
-        # The plain publish, even on a connection made with confirm_publish=True (whose
-        # basic_publish would wait for each answer in turn and raise on a nack).
-        amqp.Channel._basic_publish(self.channel, message, exchange="", routing_key=gate, mandatory=True)
+        self.tracker.writing(gate)  # the broker numbers every publish on the channel, even a failed one
+        publish(self.channel, message, exchange="", routing_key=gate, mandatory=True)
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
         if not self.dead:
             self.returned.add(routing_key)
 
-    def _on_ack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple, Outcome.WON)
-
-    def _on_nack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple, Outcome.LOST)
-
-    def _settle(self, tag: int, multiple: bool, outcome: Outcome) -> None:
+    def _answered(self, gate: str, acked: bool) -> None:
         if self.dead:  # a late answer on an abandoned channel means nothing any more
             return
-        tags = [t for t in self.pending if t <= tag] if multiple else [tag]
-        for t in tags:
-            gate = self.pending.pop(t, None)
-            if gate is None:
-                continue
-            if gate in self.returned:
-                # Unroutable: the gate vanished between declare and publish. The broker acks a
-                # returned message, but nothing holds the gate: not a win.
-                self.returned.discard(gate)
-                self.answers[gate] = Outcome.UNDECIDED
-            else:
-                self.answers[gate] = outcome
-                if outcome is Outcome.WON:
-                    self.won.append(gate)
+        if gate in self.returned:
+            # Unroutable: the gate vanished between declare and publish. The broker acks a
+            # returned message, but nothing holds the gate: not a win.
+            self.returned.discard(gate)
+            self.answers[gate] = Outcome.UNDECIDED
+        elif acked:
+            self.answers[gate] = Outcome.WON
+            self.won.append(gate)
+        else:
+            self.answers[gate] = Outcome.LOST
 
 
 class Claimer:
@@ -151,41 +137,10 @@ class Claimer:
         claims = _within_deadline(claims, outcomes, "before connecting")
         if not claims:
             return set()
-        just_claims = [claim for claim, _ in claims]
-        ready = self.ahead.ready
-        # Nothing is published before the gates are declared, so this part is safe to repeat: a
-        # connection found dead (the broker restarted, or dropped it while we slept) is replaced
-        # at once, and only then is the outage reported.
-        for attempt in (1, 2):
-            left = _seconds_until(just_claims)
-            try:
-                raw = self.link.connect(left)
-                # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
-                undeclared = [gate for _, gate in claims if gate not in ready and gate not in self.away]
-                declared = dict(zip(undeclared, self.declare_gates(undeclared)))
-                known_away = [gate for _, gate in claims if gate in self.away and gate not in ready]
-                if known_away:  # after the others: those are not held up by them
-                    declared.update(zip(known_away, self.declare_away(known_away)))
-                verdicts = [declared.get(gate) for _, gate in claims]
-                for _, gate in claims:
-                    ready.pop(gate, None)
-                break
-            except self.link.errors() as exc:
-                self.link.discard(connection_lost=True)
-                left = _seconds_until(just_claims)
-                if attempt == 2 or (left is not None and left <= 0):
-                    self.link.outage(exc)
-                    for claim, gate in claims:
-                        self.link.missed(claim.job, [claim.slot])  # reported once, when the outage ends
-                        logger.debug(
-                            "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
-                            claim.job,
-                            claim.slot,
-                        )
-                        outcomes[gate] = Outcome.UNDECIDED
-                    return set()
-                logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
-
+        declared = self._declare(claims, outcomes)
+        if declared is None:
+            return set()
+        raw, verdicts = declared
         gated = []
         for (claim, gate), verdict in zip(claims, verdicts):
             if verdict is None:
@@ -206,6 +161,50 @@ class Claimer:
                     claim.slot,
                 )
         return unanswered
+
+    def _declare(
+        self, claims: list[tuple[Claim, str]], outcomes: dict[str, Outcome]
+    ) -> tuple[amqp.Connection, list[Outcome | None]] | None:
+        """Connect and declare the claims' gates (those not declared ahead); returns the
+        connection and, per claim, None (its gate is ready) or the outcome it already has. None
+        when RabbitMQ could not be reached: every claim is then UNDECIDED."""
+        just_claims = [claim for claim, _ in claims]
+        ready = self.ahead.ready
+        # Nothing is published before the gates are declared, so this part is safe to repeat: a
+        # connection found dead (the broker restarted, or dropped it while we slept) is replaced
+        # at once, and only then is the outage reported.
+        for attempt in (1, 2):
+            try:
+                raw = self.link.connect(_seconds_until(just_claims))
+                # Gates made ahead by prepare() are not declared again: at the slot, only the claim.
+                undeclared = [gate for _, gate in claims if gate not in ready and gate not in self.away]
+                declared = dict(zip(undeclared, self.declare_gates(undeclared)))
+                known_away = [gate for _, gate in claims if gate in self.away and gate not in ready]
+                if known_away:  # after the others: those are not held up by them
+                    declared.update(zip(known_away, self.declare_away(known_away)))
+                for _, gate in claims:
+                    ready.pop(gate, None)
+                return raw, [declared.get(gate) for _, gate in claims]
+            except self.link.errors() as exc:
+                self.link.discard(connection_lost=True)
+                left = _seconds_until(just_claims)
+                if attempt == 2 or (left is not None and left <= 0):
+                    self._unavailable(claims, exc, outcomes)
+                    return None
+                logger.info("anarchon: reconnecting to RabbitMQ (%s: %s)", type(exc).__name__, exc)
+        return None
+
+    def _unavailable(self, claims: list[tuple[Claim, str]], exc: BaseException, outcomes: dict[str, Outcome]) -> None:
+        """RabbitMQ could not be reached for ``claims``: an outage, in which they are missed."""
+        self.link.outage(exc)
+        for claim, gate in claims:
+            self.link.missed(claim.job, [claim.slot])  # reported once, when the outage ends
+            logger.debug(
+                "anarchon: job %r slot %d: not claimed, RabbitMQ is unavailable; not run by this instance",
+                claim.job,
+                claim.slot,
+            )
+            outcomes[gate] = Outcome.UNDECIDED
 
     def _find_away(self, published: list[str], outcomes: dict[str, Outcome], returned: set[str]) -> None:
         """Turn the claims turned down because their gate's node went away into ``AWAY``, where a
@@ -250,7 +249,6 @@ class Claimer:
         confirms = self._confirms
         failure: BaseException | None = None
         by_gate = {gate: claim for claim, gate in claims}
-        timeout = self.link.confirm_timeout
 
         def report_wins() -> float:
             """Tell ``on_won`` of the wins read; returns the seconds that took."""
@@ -258,10 +256,9 @@ class Claimer:
                 return 0.0
             started = time.monotonic()
             gates, confirms.won = confirms.won, []
-            for gate in gates:
-                claim = by_gate.get(gate)
-                if claim is None or on_won is None:
-                    continue
+            for claim in filter(None, map(by_gate.get, gates)):
+                if on_won is None:
+                    break
                 try:
                     on_won(claim)
                 except Exception:  # not the broker's doing: the claim is won all the same
@@ -273,46 +270,54 @@ class Claimer:
                 confirms = self._confirms = Confirms(raw)
             now_ms = clock.now_ms()
             for claim, gate in claims:
-                body = json.dumps(
-                    {"job": claim.job, "slot": claim.slot, "instance": instance, "claimed_at_ms": now_ms}
-                ).encode()
-                confirms.publish(gate, body)
-            deadline = time.monotonic() + timeout
-            while confirms.pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no confirm within {timeout}s")
-                raw.drain_events(timeout=remaining)
-                # The time on_won takes (writing tasks) is ours, not the broker's: it does not
-                # count against confirm_timeout, or answers already here would be taken for lost.
-                deadline += report_wins()
+                confirms.publish(gate, _claim_body(claim, instance, now_ms))
+            # The time on_won takes (writing tasks) is ours, not the broker's: it does not count
+            # against confirm_timeout, or answers already here would be taken for lost.
+            confirms.tracker.wait(
+                lambda left: raw.drain_events(timeout=left), self.link.confirm_timeout, ours=report_wins
+            )
         except self.link.errors() as exc:
             # Never reuse this channel (a late ack on it could pass for a later win), nor, when
             # it is ours, this connection.
             self.link.discard(connection_lost=not isinstance(exc, TimeoutError))
             failure = exc
         report_wins()  # answers read before a failure are still wins
-        answers = confirms.answers if confirms is not None else {}
-        unanswered = set()
-        returned = set()
-        for claim, gate in claims:
-            outcome = answers.pop(gate, None)
-            if outcome is None:  # no answer: try again (see claim()) or give up
-                outcomes[gate] = Outcome.UNDECIDED
-                unanswered.add(gate)
-                logger.warning(
-                    "anarchon: job %r slot %d: no answer to the claim (%s: %s); %s",
-                    claim.job,
-                    claim.slot,
-                    type(failure).__name__,
-                    failure,
-                    "not run by this instance" if last else "claiming it again on a new connection",
-                )
-            else:
-                outcomes[gate] = outcome
-                if outcome is Outcome.UNDECIDED:
-                    returned.add(gate)
-        return (set() if last else unanswered), returned
+        return _sort_answers(claims, confirms.answers if confirms is not None else {}, outcomes, failure, last)
+
+
+def _claim_body(claim: Claim, instance: str, now_ms: int) -> bytes:
+    return json.dumps({"job": claim.job, "slot": claim.slot, "instance": instance, "claimed_at_ms": now_ms}).encode()
+
+
+def _sort_answers(
+    claims: list[tuple[Claim, str]],
+    answers: dict[str, Outcome],
+    outcomes: dict[str, Outcome],
+    failure: BaseException | None,
+    last: bool,
+) -> tuple[set[str], set[str]]:
+    """Take the claims' answers into ``outcomes``; returns the gates left unanswered (to claim
+    again, unless this was the ``last`` round) and those whose claim was returned."""
+    unanswered = set()
+    returned = set()
+    for claim, gate in claims:
+        outcome = answers.pop(gate, None)
+        if outcome is None:  # no answer: try again (see claim()) or give up
+            outcomes[gate] = Outcome.UNDECIDED
+            unanswered.add(gate)
+            logger.warning(
+                "anarchon: job %r slot %d: no answer to the claim (%s: %s); %s",
+                claim.job,
+                claim.slot,
+                type(failure).__name__,
+                failure,
+                "not run by this instance" if last else "claiming it again on a new connection",
+            )
+        else:
+            outcomes[gate] = outcome
+            if outcome is Outcome.UNDECIDED:
+                returned.add(gate)
+    return (set() if last else unanswered), returned
 
 
 def _within_deadline(

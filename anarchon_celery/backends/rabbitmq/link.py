@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import socket
-import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,11 +16,11 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
-from ...connections import NodeLog
+from ...connections import NodeLog, abort
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ..base import MissedRuns
 
-__all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls", "reset_connection"]
+__all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls"]
 
 logger = logging.getLogger(__name__)
 
@@ -313,27 +311,3 @@ def let_go(channel: amqp.Channel) -> None:
     channel.is_closing = True  # py-amqp drops every method but the close's answer from now on
     with contextlib.suppress(Exception):  # a dead connection shows itself at its next use
         channel.send_method(spec.Channel.Close, "BsBB", (200, "", 0, 0))
-
-
-def reset_connection(connection: Connection) -> None:
-    """Drop ``connection`` at once, without the closing handshake, discarding what the kernel has
-    not delivered yet (see :func:`abort`). Never raises; the connection connects again if used."""
-    with contextlib.suppress(Exception):
-        abort(connection)
-    with contextlib.suppress(Exception):
-        connection.collect()
-
-
-def abort(connection: Connection) -> None:
-    """Make the coming close of ``connection`` drop what the kernel has not delivered yet.
-
-    A plain close sends the socket's buffered data first: a claim stuck there (the broker silent,
-    the network stalled) could then reach its gate long after its deadline, even after the gate
-    expired. A reset instead (SO_LINGER 0) discards it.
-    """
-    raw = connection._connection  # not .connection, which would connect
-    transport = getattr(raw, "_transport", None)  # not .transport, which would connect too
-    sock = getattr(transport, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(Exception):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import amqp
 
+from ...confirms import publish
 from ..peers import Peers
 from .link import Link
 
@@ -74,7 +75,7 @@ class Sharing:
         assert self._peers is not None
         self._peers.answer_due = False
         message = amqp.Message(self._peers.announcement(hello=hello), content_type="application/json")
-        amqp.Channel._basic_publish(channel, message, exchange=self.exchange, routing_key="")
+        publish(channel, message, exchange=self.exchange, routing_key="")
 
     def close(self) -> None:
         """Stop listening on a connection that stays open (the caller's)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import amqp
 
+from ...confirms import ConfirmTracker, publish
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable
 from ...history import decode_event
 from .declaring import declare_adopting
@@ -147,49 +148,45 @@ class Streams:
         """See :meth:`Backend.record_many`: the events are written one after the other on a
         confirm channel and their confirms read afterwards. Any left unconfirmed are written
         again one by one (an event written twice is folded once)."""
-        unconfirmed = list(range(len(events)))
-        connection_failed = False
+        confirms: ConfirmTracker[int] = ConfirmTracker()  # by the event's index
+        failure: BaseException | None = None
         try:
-            self.link.connect(self.link.history_timeout())
-            for job, _, history_size in events:
-                self._ensure(history_name(self.prefix, job), history_size)
-            raw = self.link.connection.connection
-            channel = raw.channel()
-            channel.confirm_select()
-            pending = set(range(1, len(events) + 1))  # delivery tag n + 1: event n
-            nacked: set[int] = set()
-
-            def settle(tag: int, multiple: bool, acked: bool) -> None:
-                for t in [t for t in pending if t <= tag] if multiple else [tag]:
-                    pending.discard(t)
-                    if not acked:
-                        nacked.add(t)
-
-            channel.events["basic_ack"].add(lambda tag, multiple: settle(tag, multiple, True))
-            channel.events["basic_nack"].add(lambda tag, multiple: settle(tag, multiple, False))
-            for job, event, _ in events:
-                message = amqp.Message(event, content_type="application/json", delivery_mode=2)
-                amqp.Channel._basic_publish(channel, message, exchange="", routing_key=history_name(self.prefix, job))
-            deadline = time.monotonic() + self.link.confirm_timeout
-            while pending and time.monotonic() < deadline:
-                raw.drain_events(timeout=max(0.01, deadline - time.monotonic()))
-            unconfirmed = sorted(t - 1 for t in pending | nacked)
-            if pending:
-                raise TimeoutError(f"no confirm within {self.link.confirm_timeout}s")
-            channel.close()
+            self._write_all(events, confirms)
         except BrokerError:
             pass  # a queue that is no history stream: record() below says so, job by job
         except self.link.errors() as exc:
             self.link.discard(connection_lost=True)
-            connection_failed = True
+            failure = exc
+        unconfirmed = [n for n in range(len(events)) if confirms.answers.get(n) is not True]
+        if failure is not None:
             logger.info(
                 "anarchon: %d history event(s) written again one by one (%s: %s)",
                 len(unconfirmed),
-                type(exc).__name__,
-                exc,
+                type(failure).__name__,
+                failure,
             )
-        recorded = len(events) - len(unconfirmed)
-        for done, n in enumerate(unconfirmed):
+        return len(events) - len(unconfirmed) + self._record_each(events, unconfirmed, failure is not None)
+
+    def _write_all(self, events: Sequence[tuple[str, bytes, int]], confirms: ConfirmTracker[int]) -> None:
+        """Write the events on a new confirm channel and read their confirms into ``confirms``."""
+        self.link.connect(self.link.history_timeout())
+        for job, _, history_size in events:
+            self._ensure(history_name(self.prefix, job), history_size)
+        raw = self.link.connection.connection
+        channel = raw.channel()
+        channel.confirm_select()
+        confirms.listen(channel)
+        for n, (job, event, _) in enumerate(events):
+            confirms.writing(n)
+            message = amqp.Message(event, content_type="application/json", delivery_mode=2)
+            publish(channel, message, exchange="", routing_key=history_name(self.prefix, job))
+        confirms.wait(lambda left: raw.drain_events(timeout=max(0.01, left)), self.link.confirm_timeout)
+        channel.close()
+
+    def _record_each(self, events: Sequence[tuple[str, bytes, int]], which: list[int], connection_failed: bool) -> int:
+        """Record the events ``which`` one by one; returns how many were recorded."""
+        recorded = 0
+        for done, n in enumerate(which):
             # After a failed connection, once each, on a new one: a cut connection is replaced at
             # once, but a broker that does not answer would hold the next claims up at every try.
             if self.record(*events[n], attempts=1 if connection_failed else 3):
@@ -197,7 +194,7 @@ class Streams:
             elif connection_failed:
                 # RabbitMQ is not answering: one event at a time, each with its retries, would hold
                 # up the next claims for as long as the outage lasts.
-                left = len(unconfirmed) - done - 1
+                left = len(which) - done - 1
                 if self.link.in_outage():
                     self.link.unrecorded(left)
                 elif left:

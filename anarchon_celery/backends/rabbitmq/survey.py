@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
+import subprocess
 from dataclasses import dataclass
-from typing import Any
 
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
-from ...errors import ConfigError
+from ...errors import BrokerError, ConfigError
+from ..base import Finding, checked
 from .link import check_server, refusal, text
 
-__all__ = ["PARTITION_EVAL", "NodeAnswer", "check_partition_handling", "judge", "survey", "urls_of", "warn_about"]
+__all__ = [
+    "PARTITION_EVAL",
+    "Judgement",
+    "NodeAnswer",
+    "check_partition_handling",
+    "findings",
+    "judge",
+    "read_partition_handling",
+    "survey",
+    "urls_of",
+    "warn_about",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,38 +98,53 @@ def survey(connection: Connection, timeout: float) -> list[NodeAnswer]:
     return answers
 
 
-def judge(answers: list[NodeAnswer]) -> tuple[list[str], list[str]]:
-    """The errors (never safe to run with) and the warnings in ``answers``."""
-    errors: list[str] = []
-    warnings: list[str] = []
+@dataclass(frozen=True)
+class Judgement:
+    """What the nodes' answers say together: errors (the list is never safe to run with), nodes
+    that did not answer, nodes of different versions, and whether it is a 3.x cluster (whose
+    partition handling decides whether a partition can let two sides win a run)."""
+
+    errors: list[str]
+    unanswered: list[str]
+    versions: str | None = None
+    partitions: str | None = None
+
+    @property
+    def warnings(self) -> list[str]:
+        return [*self.unanswered, *(w for w in (self.versions, self.partitions) if w is not None)]
+
+
+def judge(answers: list[NodeAnswer]) -> Judgement:
+    """Judge the nodes' ``answers`` together."""
     working = [a for a in answers if a.problem is None]
-    for answer in answers:
-        if answer.problem is not None:
-            warnings.append(f"RabbitMQ node {answer.url} {answer.problem}; the claims use the other nodes")
+    unanswered = [
+        f"RabbitMQ node {a.url} {a.problem}; the claims use the other nodes" for a in answers if a.problem is not None
+    ]
     if not working:
-        return errors, warnings
+        return Judgement([], unanswered)
     reference = working[0]
-    for answer in working[1:]:
-        if answer.cluster != reference.cluster:
-            errors.append(
-                f"RabbitMQ node {answer.url} is of cluster {answer.cluster!r}, and {reference.url} of "
-                f"{reference.cluster!r}: a claim on one is not seen on the other, so a run could be won "
-                "twice. List the nodes of one cluster only (in broker_url or anarchon_backend)"
-            )
-    versions = sorted({a.version[:2] for a in working})
-    if len(versions) > 1:
+    errors = [
+        f"RabbitMQ node {answer.url} is of cluster {answer.cluster!r}, and {reference.url} of "
+        f"{reference.cluster!r}: a claim on one is not seen on the other, so a run could be won "
+        "twice. List the nodes of one cluster only (in broker_url or anarchon_backend)"
+        for answer in working[1:]
+        if answer.cluster != reference.cluster
+    ]
+    versions = None
+    if len({a.version[:2] for a in working}) > 1:
         shown = ", ".join(f"{a.url} {a.shown_version}" for a in working)
-        warnings.append(
+        versions = (
             f"RabbitMQ nodes of different versions ({shown}): fine during an upgrade; claims hold on each "
             "version, but finish the upgrade"
         )
+    partitions = None
     if len(answers) > 1 and any(a.version < (4,) for a in working):
-        warnings.append(
+        partitions = (
             "RabbitMQ 3.x cluster: exactly once across a network partition needs cluster_partition_handling "
             "= pause_minority (with the default, ignore, both sides of a partition can win the same run). "
             "A client cannot see the setting: `celery anarchon check --rabbitmqctl ...` reads it"
         )
-    return errors, warnings
+    return Judgement(errors, unanswered, versions, partitions)
 
 
 #: What `rabbitmqctl eval` is given to read a node's partition handling, and whether Khepri holds
@@ -140,25 +168,63 @@ def check_partition_handling(ctl_output: str) -> tuple[bool, str]:
     )
 
 
+def read_partition_handling(rabbitmqctl: str | None, version: tuple[int, ...]) -> Finding:
+    """The cluster's partition handling, read with ``rabbitmqctl`` (a command line) when given;
+    a warning that it was not read otherwise. Raises BrokerError when it is unsafe or unreadable."""
+    if rabbitmqctl is None:
+        needs = "pause_minority (3.x; with ignore or autoheal both sides of a partition can win a run)"
+        return Finding(
+            "partition",
+            f"not read (a client cannot see it): give --rabbitmqctl to read it. Exactly once across a "
+            f"network partition needs {needs if version < (4,) else 'Khepri, or pause_minority'}",
+            warn=True,
+        )
+    command = [*shlex.split(rabbitmqctl), "eval", PARTITION_EVAL]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BrokerError(f"cannot run {rabbitmqctl} ({type(exc).__name__}: {exc})") from None
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise BrokerError(f"{rabbitmqctl} eval failed: {lines[-1] if lines else done.returncode}")
+    ok, detail = check_partition_handling(done.stdout)
+    if not ok:
+        raise BrokerError(detail)
+    return Finding("partition", detail)
+
+
+def findings(connection: Connection, timeout: float, rabbitmqctl: str | None) -> list[Finding]:
+    """For ``celery anarchon check``: one finding per node of ``connection`` when it lists
+    several, the errors of the list (check ``nodes``, failed), a warning for nodes of different
+    versions, and the cluster's partition handling."""
+    if len(urls_of(connection)) < 2:
+        return []
+    answers = survey(connection, timeout)
+    found = [
+        Finding(
+            "node", a.problem or f"RabbitMQ {a.shown_version}, cluster {a.cluster!r}", ok=a.problem is None, node=a.url
+        )
+        for a in answers
+    ]
+    judgement = judge(answers)
+    found += [Finding("nodes", error, ok=False) for error in judgement.errors]
+    if judgement.versions is not None:  # (the 3.x cluster's warning is the partition line's to give)
+        found.append(Finding("nodes", judgement.versions, warn=True))
+    working = [a for a in answers if a.problem is None]
+    if not judgement.errors and working:
+        found.append(checked("partition", lambda: read_partition_handling(rabbitmqctl, working[0].version)))
+    return found
+
+
 def warn_about(connection: Connection, timeout: float) -> None:
     """Survey the nodes of ``connection`` when there are several: log the warnings, and raise a
     ConfigError for a list that is never safe (nodes of two clusters)."""
     if len(urls_of(connection)) < 2:
         return
-    errors, warnings = judge(survey(connection, timeout))
-    for warning in warnings:
+    judgement = judge(survey(connection, timeout))
+    for warning in judgement.warnings:
         logger.warning("anarchon: %s", warning)
-    if errors:
-        raise ConfigError("; ".join(errors))
-
-
-def describe(answers: list[NodeAnswer]) -> list[dict[str, Any]]:
-    """One entry per node, for `celery anarchon check`."""
-    return [
-        {
-            "node": a.url,
-            "ok": a.problem is None,
-            "detail": a.problem or f"RabbitMQ {a.shown_version}, cluster {a.cluster!r}",
-        }
-        for a in answers
-    ]
+    if judgement.errors:
+        raise ConfigError("; ".join(judgement.errors))

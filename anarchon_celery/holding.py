@@ -1,0 +1,130 @@
+"""The leases a beat holds on the runs it won, on a backend with leases (Redis, PostgreSQL,
+SQLite): from the win until the run's task is sent and the store told so, or handed back.
+
+A run's lease is settled once its send is over: marked sent (its backups then stand down), or
+handed back when the send failed (its backups take it over at once rather than when the lease
+runs out). A store that cannot be told is told again, every :data:`MARK_AGAIN_S`, while the
+run's backups could still act. On a stop, the leases of runs won and not sent are handed back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from . import clock
+from .backends import Backend
+from .jobs import Job, backups_never_act
+from .sending import Outgoing, SendOutcome
+
+__all__ = ["MARK_AGAIN_S", "LeaseBook"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between the tries to tell the store of runs sent that it could not be told of.
+MARK_AGAIN_S = 1.0
+
+
+class LeaseBook:
+    """The leases ``instance`` holds on ``backend`` (one with leases), and those it still has
+    to tell the store about."""
+
+    def __init__(self, backend: Backend, instance: str) -> None:
+        self.backend = backend
+        self.instance = instance
+        #: Runs held, won and not yet sent and marked sent: (job, slot): token.
+        self._held: dict[tuple[str, int], int] = {}
+        #: Runs sent whose store could not be told so: (job, slot, token): until when to tell it
+        #: again (epoch ms), so that a store back within the lease keeps their backups quiet.
+        self._unmarked: dict[tuple[str, int, int], int] = {}
+        self._mark_again_at = 0.0
+
+    def warn_about(self, jobs: Iterable[Job]) -> None:
+        """Warn about jobs whose backups could never act: their runs' deadline comes before the
+        winner's lease runs out."""
+        lease_ms = self.backend.lease_ms
+        for job in jobs:
+            if backups_never_act(job, lease_ms):
+                logger.warning(
+                    "anarchon: job %r: max_late_ms (%d) is not longer than the winner's lease (anarchon_lease_ms "
+                    "%d): its backups can never take a run over, and a winner that dies before sending loses "
+                    "the run. Raise max_late_ms or lower anarchon_lease_ms",
+                    job.name,
+                    job.max_late_ms,
+                    lease_ms,
+                )
+
+    def hold(self, runs: Iterable[Outgoing]) -> None:
+        """Note runs won (each with its fencing token) whose send is about to start."""
+        for run in runs:
+            if run.token:
+                self._held[run.job.name, run.slot] = run.token
+
+    def settle(self, outcomes: Sequence[SendOutcome]) -> None:
+        """The sends of runs held are over: mark those sent as sent, and hand back those not."""
+        for outcome in outcomes:
+            self._held.pop((outcome.run.job.name, outcome.run.slot), None)
+        sent_runs = [o.run for o in outcomes if o.error is None and o.run.token]
+        sent = [(run.job.name, run.slot, run.token) for run in sent_runs]
+        failed = [(o.run.job.name, o.run.slot, o.run.token) for o in outcomes if o.error is not None and o.run.token]
+        superseded = []
+        marks = self.backend.mark_sent(sent, self.instance) if sent else []
+        for run, key, marked in zip(sent_runs, sent, marks):
+            if marked is None:
+                self._unmarked[key] = run.deadline_ms + self.backend.lease_ms
+            elif not marked:
+                superseded.append(key)
+        _warn_superseded(superseded)
+        if failed and self.backend.hand_back(failed, self.instance):
+            logger.info("anarchon: %d run(s) whose send failed handed back to their backups", len(failed))
+
+    def mark_again(self) -> None:
+        """Tell the store again, at most every :data:`MARK_AGAIN_S`, of the runs sent that it could
+        not be told of, until it answers or their backups can no longer act."""
+        if not self._unmarked or time.monotonic() < self._mark_again_at:
+            return
+        self._mark_again_at = time.monotonic() + MARK_AGAIN_S
+        now = clock.now_ms()
+        for run, until in list(self._unmarked.items()):
+            if until < now:
+                del self._unmarked[run]
+        runs = list(self._unmarked)
+        superseded = []
+        for run, marked in zip(runs, self.backend.mark_sent(runs, self.instance) if runs else []):
+            if marked is not None:
+                del self._unmarked[run]
+            if marked is False:
+                superseded.append(run)
+        _warn_superseded(superseded)
+
+    def wake_within_s(self) -> float | None:
+        """How soon the beat must wake up to tell the store again; None when nothing waits."""
+        return MARK_AGAIN_S if self._unmarked else None
+
+    def hand_back_held(self) -> None:
+        """Give back the leases of the runs won and not sent (a stop), so that their backups take
+        them over at once (a task written but not confirmed may then be sent twice: the workers
+        run one)."""
+        held, self._held = self._held, {}
+        if held:
+            given = self.backend.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
+            logger.info("anarchon: %d lease(s) of runs not sent handed back to their backups", given)
+
+
+def _warn_superseded(runs: list[tuple[str, int, int]], named: int = 20) -> None:
+    """One warning for the runs this instance sent after its lease on them ran out (it was
+    paused, or slow): a backup took each over and sent it again; the workers' start check runs
+    one message of each."""
+    if not runs:
+        return
+    shown = ", ".join(f"job {job!r} slot {slot} (our token {token})" for job, slot, token in runs[:named])
+    more = f" and {len(runs) - named} more" if len(runs) > named else ""
+    logger.warning(
+        "anarchon: %d run(s) sent after this instance's lease on them ran out, each taken over and sent "
+        "again by a backup meanwhile: %s%s. The workers run one message of each; this instance was "
+        "paused or slow for longer than anarchon_lease_ms",
+        len(runs),
+        shown,
+        more,
+    )
