@@ -4,7 +4,7 @@ Run ``celery -A proj beat -S anarchon_celery.Scheduler`` as many times as you li
 scheduled run is claimed in RabbitMQ by exactly one instance, which sends the task.
 """
 
-from . import fencing, guard, signals  # noqa: F401 - connect the worker's side (history, leases), and beat checks
+from . import guard, worker  # noqa: F401 - connect the worker's side (history, leases), and beat checks
 from .backends import (
     Backend,
     Claim,

@@ -64,16 +64,7 @@ def configure(app: Any) -> Deployment:
         for key in LEASE_SETTINGS:
             if key in settings.given:
                 raise ConfigError(f"{settings.name_of(key)} is not available: {claim_only(backend.title)}")
-    jobs = collect_jobs(
-        app,
-        settings,
-        backend.prefix,
-        backend.slot_ttl_ms,
-        forgets_runs=backend.forgets_runs,
-        leases=backend.leases,
-        lease_ms=backend.lease_ms,
-        title=backend.title,
-    )
+    jobs = collect_jobs(app, settings, backend)
     return Deployment(settings, backend, {job.name: job for job in jobs})
 
 

@@ -14,8 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from . import clock
-from .backends import Backend
-from .jobs import Job, backups_never_act
+from .backends import LeaseStore
 from .sending import Outgoing, SendOutcome
 
 __all__ = ["MARK_AGAIN_S", "LeaseBook"]
@@ -27,11 +26,10 @@ MARK_AGAIN_S = 1.0
 
 
 class LeaseBook:
-    """The leases ``instance`` holds on ``backend`` (one with leases), and those it still has
-    to tell the store about."""
+    """The leases ``instance`` holds in ``store``, and those it still has to tell it about."""
 
-    def __init__(self, backend: Backend, instance: str) -> None:
-        self.backend = backend
+    def __init__(self, store: LeaseStore, instance: str) -> None:
+        self.store = store
         self.instance = instance
         #: Runs held, won and not yet sent and marked sent: (job, slot): token.
         self._held: dict[tuple[str, int], int] = {}
@@ -39,21 +37,6 @@ class LeaseBook:
         #: again (epoch ms), so that a store back within the lease keeps their backups quiet.
         self._unmarked: dict[tuple[str, int, int], int] = {}
         self._mark_again_at = 0.0
-
-    def warn_about(self, jobs: Iterable[Job]) -> None:
-        """Warn about jobs whose backups could never act: their runs' deadline comes before the
-        winner's lease runs out."""
-        lease_ms = self.backend.lease_ms
-        for job in jobs:
-            if backups_never_act(job, lease_ms):
-                logger.warning(
-                    "anarchon: job %r: max_late_ms (%d) is not longer than the winner's lease (anarchon_lease_ms "
-                    "%d): its backups can never take a run over, and a winner that dies before sending loses "
-                    "the run. Raise max_late_ms or lower anarchon_lease_ms",
-                    job.name,
-                    job.max_late_ms,
-                    lease_ms,
-                )
 
     def hold(self, runs: Iterable[Outgoing]) -> None:
         """Note runs won (each with its fencing token) whose send is about to start."""
@@ -69,14 +52,14 @@ class LeaseBook:
         sent = [(run.job.name, run.slot, run.token) for run in sent_runs]
         failed = [(o.run.job.name, o.run.slot, o.run.token) for o in outcomes if o.error is not None and o.run.token]
         superseded = []
-        marks = self.backend.mark_sent(sent, self.instance) if sent else []
+        marks = self.store.mark_sent(sent, self.instance) if sent else []
         for run, key, marked in zip(sent_runs, sent, marks):
             if marked is None:
-                self._unmarked[key] = run.deadline_ms + self.backend.lease_ms
+                self._unmarked[key] = run.deadline_ms + self.store.lease_ms
             elif not marked:
                 superseded.append(key)
         _warn_superseded(superseded)
-        if failed and self.backend.hand_back(failed, self.instance):
+        if failed and self.store.hand_back(failed, self.instance):
             logger.info("anarchon: %d run(s) whose send failed handed back to their backups", len(failed))
 
     def mark_again(self) -> None:
@@ -91,7 +74,7 @@ class LeaseBook:
                 del self._unmarked[run]
         runs = list(self._unmarked)
         superseded = []
-        for run, marked in zip(runs, self.backend.mark_sent(runs, self.instance) if runs else []):
+        for run, marked in zip(runs, self.store.mark_sent(runs, self.instance) if runs else []):
             if marked is not None:
                 del self._unmarked[run]
             if marked is False:
@@ -108,7 +91,7 @@ class LeaseBook:
         run one)."""
         held, self._held = self._held, {}
         if held:
-            given = self.backend.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
+            given = self.store.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
             logger.info("anarchon: %d lease(s) of runs not sent handed back to their backups", given)
 
 

@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kombu.exceptions import SerializerNotInstalled
 from kombu.serialization import dumps
@@ -68,10 +68,6 @@ REFUSED_KEYS = {
 
 #: apply_async options the scheduler sets itself.
 RESERVED_OPTIONS = frozenset({"task_id", "producer", "link", "link_error", "add_to_parent", "retry", "retry_policy"})
-
-#: Longest queue name RabbitMQ takes (bytes), and the longest suffix a job's queues get.
-MAX_QUEUE_NAME = 255
-_LONGEST_SUFFIX = ".slot." + "9" * 16
 
 _TASK_ID_NAMESPACE = uuid.UUID("5b0c4b8e-8f1e-4a57-9d0e-5f3b8e6d2a11")
 
@@ -241,41 +237,14 @@ def backups_never_act(job: Job, lease_ms: int) -> bool:
     return bool(job.backup_runners) and lease_ms + BACKUP_MARGIN_MS >= job.max_late_ms
 
 
-def check_job(
-    job: Job,
-    prefix: str,
-    slot_ttl_ms: int,
-    lead_ms: int = 0,
-    *,
-    forgets_runs: bool = True,
-    lease_ms: int = 0,
-    title: str = RABBITMQ,
-) -> None:
-    """Checks that need the backend: queue name length, and the seed's safety rule (a gate must
-    outlive the latest moment anyone may claim it, counted from its first declaration, which
-    comes ``lead_ms`` before the slot) for a backend that forgets runs (see
-    :attr:`~anarchon_celery.backends.Backend.forgets_runs`), named by its ``title``."""
-    longest = len(f"{prefix}{job.name}{_LONGEST_SUFFIX}".encode())
-    if longest > MAX_QUEUE_NAME:
-        raise ConfigError(
-            f"job {job.name!r}: the name is too long: its queue names would reach {longest} bytes with "
-            f"prefix {prefix!r}, and RabbitMQ takes {MAX_QUEUE_NAME}. Shorten the job name or the prefix"
-        )
-    if forgets_runs and lead_ms + job.jitter_ms + job.max_late_ms >= slot_ttl_ms:
-        lead = "anarchon_lead_ms + " if lead_ms else ""
-        lead_value = f"{lead_ms} + " if lead_ms else ""
-        forgets = "after a gate expires, RabbitMQ forgets" if title == RABBITMQ else f"after it, {title} forgets"
-        raise ConfigError(
-            f"job {job.name!r}: {lead}jitter_ms + max_late_ms ({lead_value}{job.jitter_ms} + {job.max_late_ms} ms) "
-            f"must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): {forgets} the run was taken and a late "
-            "instance could run it again. Lower them or raise anarchon_slot_ttl_ms"
-        )
-    if job.backup_runners and job.jitter_ms + job.max_late_ms + lease_ms >= slot_ttl_ms:
-        raise ConfigError(
-            f"job {job.name!r}: jitter_ms + max_late_ms + anarchon_lease_ms ({job.jitter_ms} + {job.max_late_ms} + "
-            f"{lease_ms} ms) must be shorter than slot_ttl_ms ({slot_ttl_ms} ms): the record of a run, which its "
-            "backups and the workers check, is kept slot_ttl_ms. Lower them or raise anarchon_slot_ttl_ms"
-        )
+class JobRules(Protocol):
+    """What the jobs are checked against: the backend they run on (see
+    :meth:`~anarchon_celery.backends.Backend.check_job`)."""
+
+    title: str
+    leases: bool
+
+    def check_job(self, job: Job, lead_ms: int = 0) -> None: ...
 
 
 def check_arguments(job: Job, task: Any, app: Any) -> None:
@@ -420,21 +389,11 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
     return result
 
 
-def collect_jobs(
-    app: Any,
-    settings: Settings,
-    prefix: str,
-    slot_ttl_ms: int,
-    *,
-    forgets_runs: bool = True,
-    leases: bool = False,
-    lease_ms: int = 0,
-    title: str = RABBITMQ,
-) -> list[Job]:
+def collect_jobs(app: Any, settings: Settings, backend: JobRules) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
     Checks names (valid, unique), tasks (registered), per-job keys, that the arguments encode
-    with the task's serializer, and the safety rule.
+    with the task's serializer, and the rules of the ``backend`` they run on (the safety rule...).
     """
     try:
         app_tz = app.timezone
@@ -451,7 +410,7 @@ def collect_jobs(
     jobs: dict[str, Job] = {}
     registered = app.tasks
     for name, entry in entries:
-        job = make_job(name, entry, settings, app_tz, leases=leases, title=title)
+        job = make_job(name, entry, settings, app_tz, leases=backend.leases, title=backend.title)
         if name in jobs:
             raise ConfigError(
                 f"two jobs are named {name!r}: give one another name (@cron(name=...) or another beat_schedule key)"
@@ -464,6 +423,6 @@ def collect_jobs(
                 "Import its module in the beat process (imports/include settings)"
             )
         check_arguments(job, registered[job.task], app)
-        check_job(job, prefix, slot_ttl_ms, settings.lead_ms, forgets_runs=forgets_runs, lease_ms=lease_ms, title=title)
+        backend.check_job(job, settings.lead_ms)
         jobs[name] = job
     return list(jobs.values())

@@ -23,7 +23,7 @@ from typing import Any
 from celery import beat
 
 from . import clock, stopping
-from .backends import Backend, Claim, Outcome, TakeoverKind
+from .backends import Backend, Claim, LeaseStore, Outcome, TakeoverKind
 from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .history import encode_event
@@ -117,10 +117,11 @@ class Scheduler(beat.Scheduler):
             self._push(job, job.next_slot(start - job.max_late_ms - 1))
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
-        if backend.leases:
-            self.leases = LeaseBook(backend, self.instance)
+        store = backend.lease_store
+        if store is not None:
+            self.leases = LeaseBook(store, self.instance)
             if reachable:
-                backend.handed_back()  # listening from now on
+                store.handed_back()  # listening from now on
         if reachable:
             self.tasks.connect_ahead()
         self.signals.install()
@@ -194,7 +195,7 @@ class Scheduler(beat.Scheduler):
         backend.maintain()
         if self.leases is not None:
             if self.queue.has_backups():  # (what is told meanwhile waits to be read)
-                self._hear_hand_backs(backend)
+                self._hear_hand_backs(self.leases.store)
             self.leases.mark_again()
         self.tasks.keep_alive()
         if not self.tasks.failing:
@@ -332,7 +333,7 @@ class Scheduler(beat.Scheduler):
             if won:  # the tasks written are still confirmed, and logged
                 self._send_held(list(won.values()))
             raise
-        for armed in backend.armed():
+        for armed in self.leases.store.armed() if self.leases is not None else ():
             claim = armed.claim
             deadline = claim.deadline_ms if claim.deadline_ms is not None else now
             self._arm(claim, armed.rank, armed.lease_left_ms, deadline - self.jobs[claim.job].max_late_ms)
@@ -416,14 +417,13 @@ class Scheduler(beat.Scheduler):
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
         run still not sent is taken over and its task sent, with the run's next fencing token."""
-        assert self.backend is not None
-        backend = self.backend
+        assert self.leases is not None  # (backups are armed by a lease store only)
         claims = []
         for item in due:
             job = self.jobs[item.job]
             claims.append(Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms))
         logger.debug("anarchon: trying %d run(s) as a backup", len(claims))
-        answers = backend.take_over(claims, self.instance)
+        answers = self.leases.store.take_over(claims, self.instance)
         runs = []
         for item, claim, answer in zip(due, claims, answers):
             if answer.kind is TakeoverKind.WON:
@@ -460,10 +460,10 @@ class Scheduler(beat.Scheduler):
             return
         self.queue.push(BackupTry(due, claim.job, claim.slot, planned_ms, rank))
 
-    def _hear_hand_backs(self, backend: Backend) -> None:
+    def _hear_hand_backs(self, store: LeaseStore) -> None:
         """Runs this instance is a backup of whose winner handed its lease back (it is stopping,
         or its send failed): tried at once (later by rank), not when the lease would have ended."""
-        handed = set(backend.handed_back())
+        handed = set(store.handed_back())
         if handed:
             for item in self.queue.hurry(handed, clock.now_ms(), BACKUP_STAGGER_MS):
                 logger.info("anarchon: job %r slot %d: its lease was handed back; taking it over", item.job, item.slot)

@@ -10,8 +10,8 @@ turn ``--rounds`` times (each going first in turn), differ only in the job the r
 * ``baseline``: a job with ``history_size`` 0 (the signals run, and write nothing);
 * ``history``: a job that keeps history, so that each task writes two events to its stream;
 * with ``--also-signals FILE``, ``history`` again with that file in place of the package's
-  ``anarchon_celery/signals.py`` (``git show REV:anarchon_celery/signals.py > FILE``: a before and
-  after in one run).
+  history writer, ``anarchon_celery/worker/history.py`` (``anarchon_celery/signals.py`` before
+  it moved; ``git show REV:PATH > FILE``: a before and after in one run).
 
 Each task notes when its function started and ended (monotonic clock). On a thread (or process)
 kept busy by a full queue, the gap from one task's end to the next one's start is what the worker
@@ -74,12 +74,12 @@ app.conf.update(
 )
 
 if os.environ.get("WH_SIGNALS"):
-    # Another signals.py (an older one, with --also-signals) writes the history instead of the package's.
+    # Another history writer (an older one, with --also-signals) writes the history instead of the package's.
     import importlib.util
 
     from celery.signals import task_postrun, task_prerun, task_revoked
 
-    import anarchon_celery.signals as current
+    import anarchon_celery.worker.history as current
 
     for signal, name in ((task_prerun, "_on_prerun"), (task_postrun, "_on_postrun"), (task_revoked, "_on_revoked")):
         if hasattr(current, name):
@@ -97,7 +97,7 @@ _counter_pid: int | None = None
 def _count_out() -> None:
     """Write this process's count of finished tasks every 0.1 s, for the driver to wait on, with
     the history events its writer still holds (a peek at the package's internals)."""
-    from anarchon_celery import signals
+    from anarchon_celery.worker import history as signals
 
     path = Path(OUT or ".") / f"count-{os.getpid()}"
     while True:
@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pools", default="threads:16,prefork:4,solo:1", help="pool:concurrency, comma-separated")
-    parser.add_argument("--also-signals", metavar="FILE", help="also measure this signals.py (an older one)")
+    parser.add_argument(
+        "--also-signals", metavar="FILE", help="also measure this history writer (an older anarchon_celery/signals.py)"
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     variants = ["baseline", "history"] + ([f"history, {Path(args.also_signals).name}"] if args.also_signals else [])

@@ -4,8 +4,11 @@ object gets a unique prefix and is deleted afterwards."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,58 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from tests.broker_control import BROKER  # noqa: E402
 from tests.stores import delete_postgres_rows, delete_redis_keys  # noqa: E402
+
+# -- tests in parallel ---------------------------------------------------------------------------
+#
+# The suite runs in several processes (pytest-xdist). Tests that use this machine's services
+# (RabbitMQ, Redis, PostgreSQL) share them, each under a prefix of its own; a test that stops or
+# cuts a service for everyone (marked ``exclusive``) runs alone: it takes the services' lock for
+# itself, while every other test that touches a service holds it shared. A test waiting for the
+# lock for itself keeps new tests from taking it shared meanwhile, so it is not starved.
+
+LOCKS = Path(tempfile.gettempdir()) / f"anarchon-tests-{os.getuid()}"
+#: Tests parametrized over where runs are decided: a value among these is a store, whose tests do
+#: not depend on RabbitMQ's version (RabbitMQ only carries their tasks).
+STORE_KINDS = {"memory", "sqlite", "redis", "postgres"}
+_SERVICE_FIXTURES = {"broker_url", "redis_url", "postgres_url", "connection", "prefix"}
+
+
+@contextlib.contextmanager
+def services_lock(exclusive: bool) -> Iterator[None]:
+    """The lock of this machine's services, for this test alone or shared with the others."""
+    LOCKS.mkdir(exist_ok=True)
+    with open(LOCKS / "services.gate", "a+") as gate, open(LOCKS / "services.lock", "a+") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)  # in line: no shared holder gets past a waiting exclusive one
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # (closing the files releases both)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        kinds = {value for value in params.values() if isinstance(value, str)}
+        if kinds & STORE_KINDS and "rabbitmq" not in kinds:
+            item.add_marker(pytest.mark.stores)
+        if item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))  # one cluster, its tests one after the other
+
+
+@pytest.fixture(autouse=True)
+def _services(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold the services' lock for the test: for itself when it is marked ``exclusive``, shared
+    when it touches a service."""
+    item = request.node
+    exclusive = item.get_closest_marker("exclusive") is not None
+    touches = exclusive or any(item.get_closest_marker(name) for name in ("broker", "processes", "cluster"))
+    if not (touches or _SERVICE_FIXTURES & set(request.fixturenames)):
+        yield
+        return
+    with services_lock(exclusive):
+        yield
 
 
 def _broker_up() -> bool:

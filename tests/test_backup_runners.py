@@ -33,7 +33,7 @@ from .test_faults import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.processes]
+pytestmark = [pytest.mark.broker, pytest.mark.processes, pytest.mark.stores]
 
 #: The winner's lease in these tests, and the runs' lateness allowed: a short lease, so that the
 #: backups act soon, but not so short that a healthy winner on a loaded machine (its confirm and

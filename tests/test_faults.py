@@ -350,6 +350,7 @@ def test_a_broker_silent_at_start_is_waited_for(
         proxy.close()
 
 
+@pytest.mark.exclusive  # cuts every client's connection
 @pytest.mark.timeout(240)
 def test_beats_reconnect_by_themselves_when_every_connection_is_cut(
     beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
@@ -373,6 +374,7 @@ def test_beats_reconnect_by_themselves_when_every_connection_is_cut(
     assert_each_run_once(sent_slots(broker_url, f"{prefix}tasks"), allowed_missing=cuts)
 
 
+@pytest.mark.exclusive  # stops RabbitMQ
 @pytest.mark.timeout(400)
 def test_beats_claim_again_after_a_broker_restart(
     beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path

@@ -1,4 +1,4 @@
-"""The worker's check of a run's lease (anarchon_celery.fencing), on a SQLite file, with Celery's
+"""The worker's check of a run's lease (anarchon_celery.worker.start_check), on a SQLite file, with Celery's
 own request objects: which task messages start, and how a refused one is stopped."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from celery import Celery
 from celery.exceptions import Ignore
 
-from anarchon_celery import Claim, Outcome, SQLiteBackend, fencing
+from anarchon_celery import Claim, Outcome, SQLiteBackend
+from anarchon_celery.worker import start_check as fencing
 
 
 @pytest.fixture
@@ -135,8 +136,8 @@ def test_a_worker_that_lacks_some_jobs_tasks_still_keeps_history(
 ) -> None:
     """History needs the backend and the settings only: a job whose task this worker does not
     have is said once, and the events are written with the deployment's history_size."""
-    from anarchon_celery import signals
     from anarchon_celery.history import encode_event
+    from anarchon_celery.worker import history as signals
 
     app = Celery(f"fencing-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
     app.conf.update(

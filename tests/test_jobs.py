@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import string
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import anarchon_celery
-from anarchon_celery import ConfigError, Cron, Interval, MemoryBackend, Settings, task_id_for
+from anarchon_celery import (
+    ConfigError,
+    Cron,
+    Interval,
+    MemoryBackend,
+    RabbitMQBackend,
+    Settings,
+    SQLiteBackend,
+    task_id_for,
+)
 from anarchon_celery.jobs import collect_jobs
 
 
@@ -33,7 +43,8 @@ def make_app(**conf: Any) -> Celery:
 
 
 def jobs_of(app: Celery, slot_ttl_ms: int = 300_000) -> dict[str, anarchon_celery.Job]:
-    return {job.name: job for job in collect_jobs(app, Settings.from_app(app), "cron.", slot_ttl_ms)}
+    backend = RabbitMQBackend(prefix="cron.", slot_ttl_ms=slot_ttl_ms)  # (its rules only: no I/O)
+    return {job.name: job for job in collect_jobs(app, Settings.from_app(app), backend)}
 
 
 def entry(**overrides: Any) -> dict[str, Any]:
@@ -176,29 +187,30 @@ def test_a_lease_setting_refused_is_named_as_the_app_wrote_it() -> None:
     "given, expected",
     [(None, 2), (0, 0), (1, 1), (10, 10), (11, "at most 10"), (-1, ">= 0"), (True, ">= 0"), ("2", ">= 0")],
 )
-def test_backup_runners_with_leases(given: Any, expected: int | str) -> None:
+def test_backup_runners_with_leases(given: Any, expected: int | str, tmp_path: Path) -> None:
     app = make_app(beat_schedule={"j": entry() if given is None else entry(backup_runners=given)})
     if isinstance(expected, str):
         with pytest.raises(ConfigError, match=f"job 'j': .*backup_runners must be .*{expected}"):
-            collect_jobs(app, Settings.from_app(app), "cron.", 300_000, leases=True)
+            collect_jobs(app, Settings.from_app(app), SQLiteBackend(tmp_path / "rules.db"))
     else:
-        (job,) = collect_jobs(app, Settings.from_app(app), "cron.", 300_000, leases=True)
+        (job,) = collect_jobs(app, Settings.from_app(app), SQLiteBackend(tmp_path / "rules.db"))
         assert job.backup_runners == expected
 
 
 @pytest.mark.parametrize("ttl, ok", [(67_001, True), (67_000, False)])
-def test_with_leases_a_runs_record_outlives_its_lateness_and_lease(ttl: int, ok: bool) -> None:
+def test_with_leases_a_runs_record_outlives_its_lateness_and_lease(ttl: int, ok: bool, tmp_path: Path) -> None:
     """jitter_ms + max_late_ms + anarchon_lease_ms (2 + 60 + 5 s) < slot_ttl_ms: the backups and
     the workers read the run's record until then."""
     app = make_app(beat_schedule={"j": entry()})
     settings = Settings.from_app(app)
+    store = SQLiteBackend(tmp_path / "rules.db", slot_ttl_ms=ttl, lease_ms=5_000)  # (its rules only: no I/O)
     if ok:
-        collect_jobs(app, settings, "cron.", ttl, forgets_runs=False, leases=True, lease_ms=5_000)
+        collect_jobs(app, settings, store)
     else:
         with pytest.raises(ConfigError, match=r"job 'j': jitter_ms \+ max_late_ms \+ anarchon_lease_ms"):
-            collect_jobs(app, settings, "cron.", ttl, forgets_runs=False, leases=True, lease_ms=5_000)
+            collect_jobs(app, settings, store)
     app.conf.beat_schedule = {"j": entry(backup_runners=0)}  # no backups: no record to read
-    collect_jobs(app, settings, "cron.", 67_000, forgets_runs=False, leases=True, lease_ms=5_000)
+    collect_jobs(app, settings, SQLiteBackend(tmp_path / "rules.db", slot_ttl_ms=67_000, lease_ms=5_000))
 
 
 def test_history_ttl_is_refused() -> None:

@@ -88,6 +88,7 @@ def test_an_apps_sentinel_broker_decides_the_runs_on_its_master() -> None:
 
 
 @pytest.mark.broker
+@pytest.mark.stores
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_a_sentinel_failover_under_running_beats_loses_and_doubles_no_run(

@@ -1,4 +1,4 @@
-"""What a worker says when one job's runs come decided in two places (anarchon_celery.splits)."""
+"""What a worker says when one job's runs come decided in two places (anarchon_celery.worker.splits)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from anarchon_celery import splits
+from anarchon_celery.worker import splits
 
 
 @pytest.fixture(autouse=True)

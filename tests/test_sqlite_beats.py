@@ -13,7 +13,7 @@ from anarchon_celery import SQLiteBackend
 
 from .test_faults import Fleet, assert_each_run_once, sent_slots
 
-pytestmark = [pytest.mark.broker, pytest.mark.processes]
+pytestmark = [pytest.mark.broker, pytest.mark.processes, pytest.mark.stores]
 
 
 @pytest.mark.timeout(180)

@@ -21,7 +21,7 @@ from .stores import delete_postgres_rows, delete_redis_keys
 from .test_cli import celery
 from .test_faults import kill, start_beat, stopped_in_one_line, wait_for
 
-pytestmark = [pytest.mark.broker, pytest.mark.processes]
+pytestmark = [pytest.mark.broker, pytest.mark.processes, pytest.mark.stores]
 
 
 def check_fails(env: dict[str, str], expected: str) -> None:

@@ -22,7 +22,7 @@ from .stores import delete_postgres_rows
 from .test_backup_runners import _tokens
 from .test_faults import Fleet, assert_each_run_once
 
-pytestmark = [pytest.mark.broker, pytest.mark.processes]
+pytestmark = [pytest.mark.broker, pytest.mark.processes, pytest.mark.stores]
 
 #: How long the store is away: longer than the job's period (1 s) several times over, far shorter
 #: than the runs' lateness allowed.
@@ -119,6 +119,7 @@ def test_runs_due_while_redis_is_away_are_each_sent_once(
         server.kill()
 
 
+@pytest.mark.exclusive  # stops the suite's PostgreSQL
 @pytest.mark.timeout(180)
 def test_runs_due_while_postgres_is_stopped_are_each_sent_once(
     beat_env: dict[str, str],

@@ -23,6 +23,7 @@ __all__ = [
     "Backend",
     "Claim",
     "Finding",
+    "LeaseStore",
     "MissedRuns",
     "Outcome",
     "Takeover",
@@ -187,6 +188,52 @@ def checked(check: str, action: Callable[[], Finding]) -> Finding:
         return Finding(check, detail, ok=False)
 
 
+class LeaseStore(abc.ABC):
+    """What a backend that holds leases does beside its claims (the Redis, PostgreSQL and SQLite
+    stores): a run won holds a lease of ``lease_ms`` for its winner to send its task and mark it
+    sent (:meth:`mark_sent`); losers may be armed as its backups (:meth:`armed`), which take the
+    run over once the lease runs out (:meth:`take_over`); the task messages carry a fencing
+    token that the worker checks before it starts the task (:meth:`start_run`)."""
+
+    #: How long a winner's lease lasts, in milliseconds.
+    lease_ms: int
+
+    @abc.abstractmethod
+    def armed(self) -> list[Armed]:
+        """The runs whose claims this instance lost in the last :meth:`Backend.claim` call and for which
+        it was armed as a backup (only claims with ``backups``); each is returned once."""
+
+    @abc.abstractmethod
+    def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
+        """Backups' tries at runs (one :class:`Takeover` per claim, in order): a run still not
+        sent whose lease has run out, before its deadline, is taken over by ``instance`` with the
+        next fencing token. Never raises for store trouble (:attr:`TakeoverKind.UNDECIDED`)."""
+
+    @abc.abstractmethod
+    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool | None]:
+        """The tasks of ``(job, slot, token)`` were sent by ``instance``: their leases are done.
+        False for a run another holder took over meanwhile; None when the store could not be
+        reached, for the caller to tell it again (until then, a backup may take the run over once
+        the lease runs out, and the worker's check runs one of the two messages)."""
+
+    @abc.abstractmethod
+    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
+        """May the task of a run, carrying ``token``, start on a worker? It is marked started if
+        so. None when the run is unknown here (its record is gone). Raises the store's errors."""
+
+    @abc.abstractmethod
+    def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
+        """Give up the leases of runs ``(job, slot, token)`` that ``instance`` holds and will not
+        send, and tell the other instances (:meth:`handed_back`), so that the runs' backups take
+        them over without waiting for the leases to run out; returns how many were given back.
+        Never raises for store trouble."""
+
+    @abc.abstractmethod
+    def handed_back(self) -> list[tuple[str, int]]:
+        """The runs ``(job, slot)`` other instances handed back since the last call (the first
+        call starts listening). Cheap: called at each wake-up. Never raises for store trouble."""
+
+
 class Backend(abc.ABC):
     """Decides who runs each slot. Implementations document what they guarantee."""
 
@@ -235,47 +282,16 @@ class Backend(abc.ABC):
 
     # -- leases ---------------------------------------------------------------------------------
 
-    #: Whether a run won holds a lease that backups can take over: the winner has
-    #: ``lease_ms`` to send its task and mark it sent (:meth:`mark_sent`), and the messages carry
-    #: a fencing token that the worker checks (:meth:`start_run`). False: claim only.
+    #: Whether a run won holds a lease that backups can take over (the backend is a
+    #: :class:`LeaseStore`). False: claim only.
     leases: bool = False
     #: How long a winner's lease lasts, in milliseconds (0 without leases).
     lease_ms: int = 0
 
-    def armed(self) -> list[Armed]:
-        """The runs whose claims this instance lost in the last :meth:`claim` call and for which
-        it was armed as a backup (only claims with ``backups``); each is returned once."""
-        return []
-
-    def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
-        """Backups' tries at runs (one :class:`Takeover` per claim, in order): a run still not
-        sent whose lease has run out, before its deadline, is taken over by ``instance`` with the
-        next fencing token. Never raises for store trouble (``"undecided"``)."""
-        raise NotImplementedError(f"{type(self).__name__} holds no leases")
-
-    def mark_sent(self, runs: Sequence[tuple[str, int, int]], instance: str) -> list[bool | None]:
-        """The tasks of ``(job, slot, token)`` were sent by ``instance``: their leases are done.
-        False for a run another holder took over meanwhile; None when the store could not be
-        reached, for the caller to tell it again (until then, a backup may take the run over once
-        the lease runs out, and the worker's check runs one of the two messages)."""
-        raise NotImplementedError(f"{type(self).__name__} holds no leases")
-
-    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        """May the task of a run, carrying ``token``, start on a worker? It is marked started if
-        so. None when the run is unknown here (its record is gone). Raises the store's errors."""
-        raise NotImplementedError(f"{type(self).__name__} holds no leases")
-
-    def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
-        """Give up the leases of runs ``(job, slot, token)`` that ``instance`` holds and will not
-        send, and tell the other instances (:meth:`handed_back`), so that the runs' backups take
-        them over without waiting for the leases to run out; returns how many were given back.
-        Never raises for store trouble."""
-        return 0
-
-    def handed_back(self) -> list[tuple[str, int]]:
-        """The runs ``(job, slot)`` other instances handed back since the last call (the first
-        call starts listening). Cheap: called at each wake-up. Never raises for store trouble."""
-        return []
+    @property
+    def lease_store(self) -> LeaseStore | None:
+        """This backend's leases, or None for a claim-only backend."""
+        return self if isinstance(self, LeaseStore) else None
 
     def prepare(self, claims: Sequence[Claim]) -> None:
         """Get ready for claims to come shortly (within the scheduler's ``lead_ms``), so that
@@ -372,7 +388,7 @@ class Backend(abc.ABC):
         """Where this backend decides runs, as text that two instances compare: equal exactly when
         they decide in the same place (the same store and prefix, however each one's URL spells
         it). Carried in each task message, so that workers notice instances that decide one job's
-        runs in two places (:mod:`anarchon_celery.splits`). None until it can be told (after
+        runs in two places (:mod:`anarchon_celery.worker.splits`). None until it can be told (after
         :meth:`open`); never raises."""
         return None
 
@@ -381,6 +397,25 @@ class Backend(abc.ABC):
         stream on RabbitMQ), after :meth:`open`: whether a deployment kept its runs there. The
         default finds none. Raises :class:`~anarchon_celery.BrokerError` when it cannot look."""
         return []
+
+    #: What the error of a job that breaks the safety rule says the backend forgets, and when.
+    @property
+    def forgets_text(self) -> str:
+        return f"after it, {self.title} forgets"
+
+    def check_job(self, job: Job, lead_ms: int = 0) -> None:
+        """Raise :class:`~anarchon_celery.ConfigError`, naming the job and the fix, when this
+        backend cannot run ``job`` safely. By default the seed's safety rule, on a backend that
+        forgets runs (:attr:`forgets_runs`): a run must be remembered past the latest moment anyone
+        may claim it, counted from its first declaration, ``lead_ms`` before the slot. No I/O."""
+        if self.forgets_runs and lead_ms + job.jitter_ms + job.max_late_ms >= self.slot_ttl_ms:
+            lead = "anarchon_lead_ms + " if lead_ms else ""
+            lead_value = f"{lead_ms} + " if lead_ms else ""
+            raise ConfigError(
+                f"job {job.name!r}: {lead}jitter_ms + max_late_ms ({lead_value}{job.jitter_ms} + {job.max_late_ms} "
+                f"ms) must be shorter than slot_ttl_ms ({self.slot_ttl_ms} ms): {self.forgets_text} the run was "
+                "taken and a late instance could run it again. Lower them or raise anarchon_slot_ttl_ms"
+            )
 
     def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:
         """What to warn of at start about running ``jobs`` here (at ``now_ms``): a rule of this

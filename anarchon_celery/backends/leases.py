@@ -8,7 +8,7 @@ An instance that loses the claim of a run still ``claimed`` may be armed as one 
 (``rank`` 1, 2, … up to the number the job wants): it comes back when the lease ends, and if the
 run is still only ``claimed``, before its deadline, takes it over: it becomes the holder, with
 the next token and a new lease, and sends the same task. The worker runs a task only if its
-message carries the run's current token and the run has not started (see :mod:`..fencing`), so
+message carries the run's current token and the run has not started (see :mod:`anarchon_celery.worker.start_check`), so
 a first holder that was only slow and sends late causes no second execution.
 """
 

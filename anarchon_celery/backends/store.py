@@ -29,6 +29,7 @@ from .base import (
     Backend,
     Claim,
     Finding,
+    LeaseStore,
     MissedRuns,
     Outcome,
     Takeover,
@@ -72,7 +73,7 @@ _Store = TypeVar("_Store", bound="StoreBackend")
 CLOCK_WARNING_MS = 1_000
 
 
-class StoreBackend(Backend):
+class StoreBackend(Backend, LeaseStore):
     """A backend whose store decides each job's runs in slot order behind a cursor."""
 
     forgets_runs = False
@@ -322,6 +323,17 @@ class StoreBackend(Backend):
                 warn=True,
             )
         return Finding("claims", shown)
+
+    def check_job(self, job: Job, lead_ms: int = 0) -> None:
+        """The safety rule of a store: a job with backups needs the run's record (which its
+        backups and the workers check) kept past its lateness and the winner's lease."""
+        super().check_job(job, lead_ms)
+        if job.backup_runners and job.jitter_ms + job.max_late_ms + self.lease_ms >= self.slot_ttl_ms:
+            raise ConfigError(
+                f"job {job.name!r}: jitter_ms + max_late_ms + anarchon_lease_ms ({job.jitter_ms} + {job.max_late_ms} + "
+                f"{self.lease_ms} ms) must be shorter than slot_ttl_ms ({self.slot_ttl_ms} ms): the record of a run, "
+                "which its backups and the workers check, is kept slot_ttl_ms. Lower them or raise anarchon_slot_ttl_ms"
+            )
 
     def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:
         """Jobs whose backups could never act: their runs' deadline comes before the winner's

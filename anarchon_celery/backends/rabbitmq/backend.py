@@ -31,7 +31,7 @@ from .link import (
     own_connection_options,
     text,
 )
-from .names import gate_arguments, gate_name, history_name
+from .names import LONGEST_SUFFIX, MAX_QUEUE_NAME, gate_arguments, gate_name, history_name
 from .sharing import Sharing
 from .streams import Streams
 
@@ -163,6 +163,18 @@ class RabbitMQBackend(Backend):
         self.link.opened = False
         self.link.discard(connection_lost=True)
         self._ahead.close(broken=True)
+
+    forgets_text = "after a gate expires, RabbitMQ forgets"
+
+    def check_job(self, job: Job, lead_ms: int = 0) -> None:
+        """A job's queue names must fit RabbitMQ's limit; and the seed's safety rule."""
+        longest = len(f"{self.prefix}{job.name}{LONGEST_SUFFIX}".encode())
+        if longest > MAX_QUEUE_NAME:
+            raise ConfigError(
+                f"job {job.name!r}: the name is too long: its queue names would reach {longest} bytes with "
+                f"prefix {self.prefix!r}, and RabbitMQ takes {MAX_QUEUE_NAME}. Shorten the job name or the prefix"
+            )
+        super().check_job(job, lead_ms)
 
     def survey_nodes(self, *, rabbitmqctl: str | None = None) -> list[Finding]:
         """Every node of a cluster's list, asked once (see :mod:`.survey`); nothing for one node."""

@@ -10,6 +10,9 @@ __all__ = ["gate_arguments", "gate_name", "history_arguments", "history_name"]
 #: 450 bytes each, measured), with room for long error messages and host names.
 RUN_BYTES = 2_000
 MIN_SEGMENT_BYTES = 4_096
+#: Longest queue name RabbitMQ takes (bytes), and the longest suffix a job's queues get.
+MAX_QUEUE_NAME = 255
+LONGEST_SUFFIX = ".slot." + "9" * 16
 
 
 def gate_name(prefix: str, job: str, slot: int) -> str:

@@ -24,7 +24,7 @@ What still runs:
 
 Celery calls a task's ``before_start`` after its ``task_prerun`` signal and before the task, and
 treats ``Ignore`` raised there as "not run"; a ``task_prerun`` handler cannot stop a task. So the
-check is made in our ``task_prerun`` handler (see :mod:`.signals`) and acted on by a
+check is made in our ``task_prerun`` handler (see :mod:`.history`) and acted on by a
 ``before_start`` installed on the task classes when the worker starts (``worker_init``, before the
 pool's processes build their tracers, and again in each new pool process). Workers that do not
 import anarchon_celery (Celery's ``imports`` setting) make no check: a takeover can then run a
@@ -37,10 +37,13 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_process_init
+
+if TYPE_CHECKING:
+    from ..backends import Backend
 
 __all__ = ["check", "install"]
 
@@ -51,20 +54,20 @@ _REFUSED = "anarchon_refused"
 ASK_AGAIN_S = 5.0
 _lock = threading.Lock()
 #: Per process and app: the backend the checks are made on (None: it holds no leases).
-_backends: dict[tuple[int, int], Any] = {}
+_backends: dict[tuple[int, int], Backend | None] = {}
 #: Per process and app whose store could not be asked: until when (time.monotonic()) it is not.
 _away_until: dict[tuple[int, int], float] = {}
 
 
-def _backend(app: Any) -> Any:
+def _backend(app: Any) -> Backend | None:
     """The backend of ``app``'s runs, if it holds leases; None otherwise, or when the app's
     configuration cannot be read (said once per process: its tasks then run unchecked)."""
     key = (os.getpid(), id(app))
     if key not in _backends:
         with _lock:
             if key not in _backends:
-                from .backends import backend_for  # imports Celery's app machinery
-                from .settings import Settings
+                from ..backends import backend_for  # imports Celery's app machinery
+                from ..settings import Settings
 
                 try:
                     # The backend only, not the jobs: a worker may import only some of their tasks.
@@ -77,7 +80,7 @@ def _backend(app: Any) -> Any:
                         exc_info=True,
                     )
                     backend = None
-                _backends[key] = backend if backend is not None and backend.leases else None
+                _backends[key] = backend if backend is not None and backend.lease_store is not None else None
     return _backends[key]
 
 
@@ -105,7 +108,8 @@ def check(task: Any) -> bool:
         return True  # not a run's (headers of its own), or the task's own retry: its run started
     redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
     backend = _backend(task.app)
-    if backend is None:
+    store = backend.lease_store if backend is not None else None
+    if backend is None or store is None:
         return True
     key = (os.getpid(), id(task.app))
     away_until = _away_until.get(key)
@@ -119,7 +123,7 @@ def check(task: Any) -> bool:
         try:
             # Asked again after a failure, the first ask may have marked the run started: the
             # start of this very message then, to be run (as a delivery made again is).
-            allowed = backend.start_run(str(job), int(slot), int(token), redelivered or again)
+            allowed = store.start_run(str(job), int(slot), int(token), redelivered or again)
             break
         except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
             error = exc

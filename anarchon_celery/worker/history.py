@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 
 from celery.signals import task_postrun, task_prerun, task_revoked, worker_process_shutdown, worker_shutdown
 
-from . import clock, fencing, splits
-from .history import encode_event
+from .. import clock
+from ..history import encode_event
+from . import splits, start_check
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush", "run_headers_of"]
 
@@ -102,10 +103,10 @@ class _Writer:
     """
 
     def __init__(self, app: Any) -> None:
-        from .backends import backend_for
-        from .control import Deployment, configure  # control imports sending, which imports Celery's app machinery
-        from .errors import ConfigError
-        from .settings import Settings
+        from ..backends import backend_for
+        from ..control import Deployment, configure  # control imports sending, which imports Celery's app machinery
+        from ..errors import ConfigError
+        from ..settings import Settings
 
         try:
             self.deployment = configure(app)  # no I/O: the backend connects on its first write
@@ -418,7 +419,7 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
         if run is not None:
             splits.notice(run["job"], run["place"], run["instance"])
     # A task refused by its run's lease (a second message of the run) is not run: no history.
-    if task is not None and fencing.check(task):
+    if task is not None and start_check.check(task):
         _record(task, task.request, "running")
 
 
