@@ -51,6 +51,7 @@ def services_lock(exclusive: bool) -> Iterator[None]:
         yield  # (closing the files releases both)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})

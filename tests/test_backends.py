@@ -321,7 +321,7 @@ def test_a_lease_handed_back_is_taken_over_at_once(make_backend: Any) -> None:
 def test_a_lease_handed_back_is_heard_by_the_other_instances(make_backend: Any) -> None:
     a, b = make_backend(lease_ms=60_000), make_backend(lease_ms=60_000)
     if not a.leases:
-        assert a.hand_back([("job", 1, 1)], "a") == 0 and b.handed_back() == []
+        assert a.lease_store is None and not hasattr(a, "hand_back") and not hasattr(b, "handed_back")
         return
     assert b.handed_back() == []  # listening from now on
     run = _due_run(a)

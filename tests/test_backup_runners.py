@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,7 +191,10 @@ def test_a_lease_handed_back_is_taken_over_before_it_would_have_ended(
 
 
 def _worker(env: dict[str, str], log: Path) -> object:
-    args = ["worker", "--pool=prefork", "-c", "1", "-l", "info", "--without-mingle", "--without-gossip"]
+    # A node name of its own: workers of one name share a remote-control queue, which RabbitMQ
+    # gives to one of them only (the suite runs tests side by side).
+    name = f"w-{uuid.uuid4().hex[:8]}@%h"
+    args = ["worker", "--pool=prefork", "-c", "1", "-l", "info", "-n", name, "--without-mingle", "--without-gossip"]
     return start_celery(args, log, env, app=APP, cwd=ROOT)
 
 
