@@ -1,5 +1,6 @@
-"""The leases a beat holds on the runs it won, on a backend with leases (Redis, PostgreSQL,
-SQLite): from the win until the run's task is sent and the store told so, or handed back.
+"""The leases of a beat on a backend with leases (Redis, PostgreSQL, SQLite): those it holds on
+the runs it won, from the win until the run's task is sent and the store told so, or handed
+back; and the runs it is a backup of, tried once their winner's lease runs out.
 
 A run's lease is settled once its send is over: marked sent (its backups then stand down), or
 handed back when the send failed (its backups take it over at once rather than when the lease
@@ -11,18 +12,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from . import clock
-from .backends import LeaseStore
+from .backends import Claim, LeaseStore, TakeoverKind
+from .jobs import BACKUP_MARGIN_MS, Job
+from .runqueue import BackupTry, Item, RunQueue
 from .sending import Outgoing, SendOutcome
 
-__all__ = ["MARK_AGAIN_S", "LeaseBook"]
+__all__ = ["AWAY_RETRY_MS", "BACKUP_STAGGER_MS", "MARK_AGAIN_S", "LeaseBook"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between the tries to tell the store of runs sent that it could not be told of.
 MARK_AGAIN_S = 1.0
+#: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
+#: lease runs out, the second this much later, and so on, so that they do not all ask at once.
+BACKUP_STAGGER_MS = 500
+#: Milliseconds between the claims of a run that is away (its gate's RabbitMQ node down or cut
+#: off, or its store unreachable), made again until the run's deadline; and between the tries
+#: of a backup whose store could not be reached.
+AWAY_RETRY_MS = 1_000
 
 
 class LeaseBook:
@@ -37,6 +47,61 @@ class LeaseBook:
         #: again (epoch ms), so that a store back within the lease keeps their backups quiet.
         self._unmarked: dict[tuple[str, int, int], int] = {}
         self._mark_again_at = 0.0
+
+    # -- as a backup --------------------------------------------------------------------------
+
+    def arm_lost(self, queue: RunQueue[Item], jobs: Mapping[str, Job], now: int) -> None:
+        """Queue the backup tries of the runs whose claims this instance just lost and was armed
+        for (:meth:`~.LeaseStore.armed`): once the winner's lease has run out."""
+        for armed in self.store.armed():
+            claim = armed.claim
+            deadline = claim.deadline_ms if claim.deadline_ms is not None else now
+            _arm(queue, claim, armed.rank, armed.lease_left_ms, deadline - jobs[claim.job].max_late_ms)
+
+    def take_over(
+        self, due: list[BackupTry], jobs: Mapping[str, Job], queue: RunQueue[Item]
+    ) -> list[tuple[Claim, int]]:
+        """Try the runs this instance is a backup of, due now: returns those taken over, each
+        with its new fencing token; a run whose lease still runs (or whose store is away) is
+        tried again later, while its deadline allows."""
+        claims = [Claim(item.job, item.slot, deadline_ms=item.planned_ms + jobs[item.job].max_late_ms) for item in due]
+        logger.debug("anarchon: trying %d run(s) as a backup", len(claims))
+        won = []
+        for item, claim, answer in zip(due, claims, self.store.take_over(claims, self.instance)):
+            if answer.kind is TakeoverKind.WON:
+                logger.info(
+                    "anarchon: job %r slot %d: not sent by its winner within its lease; taken over (token %d)",
+                    claim.job,
+                    claim.slot,
+                    answer.value,
+                )
+                won.append((claim, answer.value))
+            elif answer.kind is TakeoverKind.HELD or answer.kind is TakeoverKind.UNDECIDED:
+                wait = answer.value if answer.kind is TakeoverKind.HELD else AWAY_RETRY_MS
+                _arm(queue, claim, item.rank, wait, item.planned_ms)
+            elif answer.kind is TakeoverKind.LATE and item.rank == 1:
+                logger.warning(
+                    "anarchon: job %r slot %d: its winner did not send it, and its deadline passed (by %d ms) "
+                    "before a backup could take it over",
+                    claim.job,
+                    claim.slot,
+                    answer.value,
+                )
+            else:
+                logger.debug(
+                    "anarchon: job %r slot %d: backup not needed (%s)", claim.job, claim.slot, answer.kind.value
+                )
+        return won
+
+    def hear_hand_backs(self, queue: RunQueue[Item]) -> None:
+        """Runs this instance is a backup of whose winner handed its lease back (it is stopping,
+        or its send failed): tried at once (later by rank), not when the lease would have ended."""
+        handed = set(self.store.handed_back())
+        if handed:
+            for item in queue.hurry(handed, clock.now_ms(), BACKUP_STAGGER_MS):
+                logger.info("anarchon: job %r slot %d: its lease was handed back; taking it over", item.job, item.slot)
+
+    # -- as the winner --------------------------------------------------------------------------
 
     def hold(self, runs: Iterable[Outgoing]) -> None:
         """Note runs won (each with its fencing token) whose send is about to start."""
@@ -93,6 +158,16 @@ class LeaseBook:
         if held:
             given = self.store.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
             logger.info("anarchon: %d lease(s) of runs not sent handed back to their backups", given)
+
+
+def _arm(queue: RunQueue[Item], claim: Claim, rank: int, wait_ms: int, planned_ms: int) -> None:
+    """Come back as the run's backup number ``rank`` once ``wait_ms`` more of its lease has run
+    out (later by rank), if that is before the run's deadline."""
+    due = clock.now_ms() + wait_ms + (rank - 1) * BACKUP_STAGGER_MS + BACKUP_MARGIN_MS
+    if claim.deadline_ms is not None and due > claim.deadline_ms:
+        logger.debug("anarchon: job %r slot %d: its lease outlasts its deadline; no backup", claim.job, claim.slot)
+        return
+    queue.push(BackupTry(due, claim.job, claim.slot, planned_ms, rank))
 
 
 def _warn_superseded(runs: list[tuple[str, int, int]], named: int = 20) -> None:

@@ -13,7 +13,6 @@ the leases held on a backend with leases (:mod:`.holding`), the task connection 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import threading
@@ -23,26 +22,19 @@ from typing import Any
 from celery import beat
 
 from . import clock, stopping
-from .backends import Backend, Claim, LeaseStore, Outcome, TakeoverKind
+from .backends import Backend, Claim, Outcome
 from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
-from .history import encode_event
 from .holding import LeaseBook
-from .jobs import BACKUP_MARGIN_MS, Job, definition, task_id_for
-from .runqueue import BackupTry, ClaimAgain, FirstClaim, Item, Prepare, RunQueue
-from .schedule import Schedule
-from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, instance_id
+from .jobs import Job, definition, task_id_for
+from .planning import Plan
+from .runqueue import BackupTry, Item
+from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
 
 __all__ = ["Scheduler", "instance_id"]
 
 logger = logging.getLogger(__name__)
 
-#: Milliseconds between the claims of a run that is away (its gate's RabbitMQ node down or cut
-#: off, or its store unreachable), made again until the run's deadline.
-AWAY_RETRY_MS = 1_000
-#: Milliseconds between the tries of a run's backups, by rank: the first tries when the winner's
-#: lease runs out, the second this much later, and so on, so that they do not all ask at once.
-BACKUP_STAGGER_MS = 500
 #: While this instance is a backup of runs, it listens for their leases being handed back at
 #: least this often (seconds).
 HANDBACK_POLL_S = 0.5
@@ -71,15 +63,8 @@ class Scheduler(beat.Scheduler):
         self.jobs: dict[str, Job] = {}
         self.backend: Backend | None = None
         self.instance = instance_id()
-        #: The claims and backup tries to make, by when.
-        self.queue: RunQueue[Item] = RunQueue()
-        #: The gates to declare ahead (``anarchon_lead_ms``), by when.
-        self.prepares: RunQueue[Prepare] = RunQueue()
-        self.lead_ms = 0
-        #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run (never earlier than
-        #: ``lead_ms``): a phase of this instance that puts the declares of runs on whole seconds
-        #: between a quarter and three quarters into a second, away from the claims.
-        self.prepare_phase_ms = 0
+        #: What this instance claims, and when (made by :meth:`setup_schedule`).
+        self.plan: Plan | None = None
         self._random = random.Random()
         #: The leases this instance holds, on a backend with leases only.
         self.leases: LeaseBook | None = None
@@ -87,6 +72,11 @@ class Scheduler(beat.Scheduler):
         self.tasks = TaskLink(app, instance=self.instance, make_sender=self.make_sender)
         self._place_asked_at = -PLACE_AGAIN_S
         super().__init__(app, *args, **kwargs)
+
+    @property
+    def _plan(self) -> Plan:
+        assert self.plan is not None, "setup_schedule() makes the plan"
+        return self.plan
 
     @property
     def connection(self) -> Any:
@@ -107,14 +97,12 @@ class Scheduler(beat.Scheduler):
         deployment, reachable = self._configure()
         backend = self.backend = deployment.backend
         self.jobs = deployment.jobs
-        self._set_lead(deployment.settings.lead_ms)
+        self.plan = Plan(self.jobs, backend, deployment.settings.lead_ms, self._random)
         start = clock.now_ms()
         for job in self.jobs.values():
             if reachable and job.history_size:
                 backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
-            # From the runs still within their lateness: a run due while no instance was up (a
-            # deploy that stopped them all) is claimed like any late run, decided once as ever.
-            self._push(job, job.next_slot(start - job.max_late_ms - 1))
+        self._plan.start(start)
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
         store = backend.lease_store
@@ -160,13 +148,6 @@ class Scheduler(beat.Scheduler):
             raise SystemExit(1) from exc
         return deployment, True
 
-    def _set_lead(self, lead_ms: int) -> None:
-        self.lead_ms = lead_ms
-        if lead_ms >= 1000:  # declared at slot - lead_ms + phase: (phase - lead_ms) mod 1000 into a second
-            self.prepare_phase_ms = (lead_ms + self._random.randint(250, 750)) % 1000
-        else:  # too short a lead to reach the middle of a second: as far from the slot as it allows
-            self.prepare_phase_ms = self._random.randint(lead_ms // 4, lead_ms * 3 // 4)
-
     @property
     def info(self) -> str:
         try:
@@ -194,8 +175,8 @@ class Scheduler(beat.Scheduler):
         backup, the store told again of runs sent, the task connection kept up."""
         backend.maintain()
         if self.leases is not None:
-            if self.queue.has_backups():  # (what is told meanwhile waits to be read)
-                self._hear_hand_backs(self.leases.store)
+            if self._plan.queue.has_backups():  # (what is told meanwhile waits to be read)
+                self.leases.hear_hand_backs(self._plan.queue)
             self.leases.mark_again()
         self.tasks.keep_alive()
         if not self.tasks.failing:
@@ -228,14 +209,14 @@ class Scheduler(beat.Scheduler):
         try:
             while self._is_due():
                 now = clock.now_ms()
-                due = self.queue.take(now, self.batch_size)
+                due = self._plan.queue.take(now, self.batch_size)
                 taken += ((item, now) for item in due)
                 done += self._run(due, now)
         finally:
-            self._queue_next(taken)
+            self._plan.queue_next(taken)
 
     def _is_due(self) -> bool:
-        return self.queue.is_due(clock.now_ms()) and not self.signals.pending
+        return self._plan.queue.is_due(clock.now_ms()) and not self.signals.pending
 
     def _sleep_s(self, backend: Backend) -> float:
         """Until the next thing to do: a run or a declare due, the backend's or the task
@@ -245,70 +226,33 @@ class Scheduler(beat.Scheduler):
             float(self.max_interval),
             backend.max_idle_s(),
             self.tasks.wake_within_s(),
-            self.queue.wait_s(now),
-            self.prepares.wait_s(now),
-            HANDBACK_POLL_S if self.queue.has_backups() else None,  # taken over without waiting for the lease's end
+            self._plan.queue.wait_s(now),
+            self._plan.prepares.wait_s(now),
+            HANDBACK_POLL_S
+            if self._plan.queue.has_backups()
+            else None,  # taken over without waiting for the lease's end
             self.leases.wake_within_s() if self.leases is not None else None,
         ]
         return min(limit for limit in limits if limit is not None)
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def _push(self, job: Job, slot: int) -> None:
-        jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
-        self.queue.push(FirstClaim(slot + jitter, job.name, slot))
-        if self.lead_ms:
-            self.prepares.push(Prepare(slot + jitter - self._prepare_lead_ms, job.name, slot, slot + jitter))
-
-    @property
-    def _prepare_lead_ms(self) -> int:
-        """How long before its claim a run's gate is declared."""
-        return self.lead_ms - self.prepare_phase_ms
-
     def _prepare(self, backend: Backend) -> None:
         """Declare ahead the gates of runs due within ``lead_ms``, so that at their slot only the
         claim remains. A run whose claim is already due is left to the claim."""
         now = clock.now_ms()
-        ready = [
-            Claim(item.job, item.slot) for item in self.prepares.take(now, self.prepare_batch) if item.claim_ms > now
-        ]
+        ready = self._plan.prepares_due(now, self.prepare_batch)
         if ready:
             backend.prepare(ready)
-
-    def _queue_next(self, taken: list[tuple[Item, int]]) -> None:
-        """Queue the next run of each job whose first claim was taken off the queue (at the time
-        given with it)."""
-        known: dict[tuple[Schedule, int], int] = {}  # worked out once per schedule and slot
-        for item, now in taken:
-            if isinstance(item, FirstClaim):  # a claim made again or a backup: queued the first time
-                self._schedule_after(self.jobs[item.job], item.slot, now, known)
 
     def _run(self, due: list[Item], now: int) -> list[SendOutcome]:
         """Claim the due runs (taken off the queue at ``now``) and send the tasks of those won;
         returns each run won, with how its send ended. The jobs' next runs are queued by the caller."""
         backups = [item for item in due if isinstance(item, BackupTry)]
         done = self._take_over(backups, now) if backups else []
-        claims = [self._claim_of(item, now) for item in due if not isinstance(item, BackupTry)]
+        claims = [self._plan.claim_of(item, now) for item in due if not isinstance(item, BackupTry)]
         ready = [claim for claim in claims if claim is not None]
         return done + (self._claim(ready, now) if ready else [])
-
-    def _claim_of(self, item: FirstClaim | ClaimAgain, now: int) -> Claim | None:
-        """The claim of a run due, or None when it is found too late (logged)."""
-        job = self.jobs[item.job]
-        # Lateness counts from this instance's planned claim (slot + its jitter), so the last
-        # claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
-        late = now - item.planned_ms
-        if late > job.max_late_ms:
-            logger.log(
-                self._skip_level(job.name, item.slot, item.slot + 1),
-                "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
-                job.name,
-                item.slot,
-                late,
-                job.max_late_ms,
-            )
-            return None
-        return Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms, backups=job.backup_runners)
 
     def _claim(self, claims: list[Claim], now: int) -> list[SendOutcome]:
         """Claim runs; send the tasks of those won, each written as soon as its claim is won."""
@@ -333,140 +277,25 @@ class Scheduler(beat.Scheduler):
             if won:  # the tasks written are still confirmed, and logged
                 self._send_held(list(won.values()))
             raise
-        for armed in self.leases.store.armed() if self.leases is not None else ():
-            claim = armed.claim
-            deadline = claim.deadline_ms if claim.deadline_ms is not None else now
-            self._arm(claim, armed.rank, armed.lease_left_ms, deadline - self.jobs[claim.job].max_late_ms)
+        if self.leases is not None:
+            self.leases.arm_lost(self._plan.queue, self.jobs, now)
         runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.AWAY or outcome is Outcome.EARLY:
-                self._claim_again(claim, outcome)
+                self._plan.claim_again(claim, outcome)
             elif outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
                 runs.append(self._outgoing(claim, now, token))
         return self._send_held(runs) if runs else []
 
-    def _claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
-        """Queue the claim of a run again, a moment later, if its deadline allows: it is away (its
-        gate's node is down, or the store cannot be reached: once they are back, they still say
-        whether anyone won the run), or the store's clock says it is not due yet (this instance's
-        clock is ahead)."""
-        job = self.jobs[claim.job]
-        deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
-        planned = deadline - job.max_late_ms
-        again = clock.now_ms() + AWAY_RETRY_MS
-        away = outcome is Outcome.AWAY
-        backend = self.backend
-        away_now, away_still = backend.away_text if backend is not None else Backend.away_text
-        why = away_now if away else "the store's clock says it is not due yet"
-        if again > deadline:
-            level = logging.WARNING
-            if away and backend is not None and backend.in_outage():
-                backend.missed(claim.job, [claim.slot])  # told with the others when the outage ends
-                level = logging.DEBUG
-            logger.log(
-                level,
-                "anarchon: job %r slot %d: %s until the run's deadline (max_late_ms %d); not run by this instance",
-                claim.job,
-                claim.slot,
-                away_still
-                if away
-                else "the store's clock said it was not due (this host's clock is ahead: check its time sync)",
-                job.max_late_ms,
-            )
-            return
-        logger.debug(
-            "anarchon: job %r slot %d: %s; claiming it again in %d ms", claim.job, claim.slot, why, AWAY_RETRY_MS
-        )
-        self.queue.push(ClaimAgain(again, claim.job, claim.slot, planned))
-
-    def _skip_level(self, job: str, first: int, end: int, schedule: Schedule | None = None) -> int:
-        """The log level of runs of ``job`` skipped as too late (the slots in ``[first, end)`` of
-        ``schedule``, or the one at ``first``): debug during an outage, which the backend reports
-        with the runs missed (these named in) when it ends."""
-        backend = self.backend
-        if backend is None or not backend.in_outage():
-            return logging.WARNING
-        if schedule is None:
-            backend.missed(job, [first])
-        else:
-            backend.missed(job, list(itertools.islice(schedule.slots(first, end), 10_000)))  # cheap: a cap
-        return logging.DEBUG
-
-    def _schedule_after(self, job: Job, slot: int, now: int, known: dict[tuple[Schedule, int], int]) -> None:
-        """Queue the job's next run; runs already too late to claim are skipped at once. ``known``
-        holds the next slots already worked out, by schedule and slot."""
-        following = known.get((job.schedule, slot))
-        if following is None:
-            following = known[job.schedule, slot] = job.next_slot(slot)
-        if following + job.max_late_ms < now:
-            resume = job.next_slot(now - job.max_late_ms - 1)
-            logger.log(
-                self._skip_level(job.name, following, resume, job.schedule),
-                "anarchon: job %r: runs from slot %d up to slot %d are more than max_late_ms "
-                "(%d) late; skipped, runs are not caught up",
-                job.name,
-                following,
-                resume,
-                job.max_late_ms,
-            )
-            following = resume
-        self._push(job, following)
-
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
         run still not sent is taken over and its task sent, with the run's next fencing token."""
         assert self.leases is not None  # (backups are armed by a lease store only)
-        claims = []
-        for item in due:
-            job = self.jobs[item.job]
-            claims.append(Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms))
-        logger.debug("anarchon: trying %d run(s) as a backup", len(claims))
-        answers = self.leases.store.take_over(claims, self.instance)
-        runs = []
-        for item, claim, answer in zip(due, claims, answers):
-            if answer.kind is TakeoverKind.WON:
-                logger.info(
-                    "anarchon: job %r slot %d: not sent by its winner within its lease; taken over (token %d)",
-                    claim.job,
-                    claim.slot,
-                    answer.value,
-                )
-                runs.append(self._outgoing(claim, now, answer.value))
-            elif answer.kind is TakeoverKind.HELD or answer.kind is TakeoverKind.UNDECIDED:
-                wait = answer.value if answer.kind is TakeoverKind.HELD else AWAY_RETRY_MS
-                self._arm(claim, item.rank, wait, item.planned_ms)
-            elif answer.kind is TakeoverKind.LATE and item.rank == 1:
-                logger.warning(
-                    "anarchon: job %r slot %d: its winner did not send it, and its deadline passed (by %d ms) "
-                    "before a backup could take it over",
-                    claim.job,
-                    claim.slot,
-                    answer.value,
-                )
-            else:
-                logger.debug(
-                    "anarchon: job %r slot %d: backup not needed (%s)", claim.job, claim.slot, answer.kind.value
-                )
+        won = self.leases.take_over(due, self.jobs, self._plan.queue)
+        runs = [self._outgoing(claim, now, token) for claim, token in won]
         return self._send_held(runs) if runs else []
-
-    def _arm(self, claim: Claim, rank: int, wait_ms: int, planned_ms: int) -> None:
-        """Come back as the run's backup number ``rank`` once ``wait_ms`` more of its lease has
-        run out (later by rank), if that is before the run's deadline."""
-        due = clock.now_ms() + wait_ms + (rank - 1) * BACKUP_STAGGER_MS + BACKUP_MARGIN_MS
-        if claim.deadline_ms is not None and due > claim.deadline_ms:
-            logger.debug("anarchon: job %r slot %d: its lease outlasts its deadline; no backup", claim.job, claim.slot)
-            return
-        self.queue.push(BackupTry(due, claim.job, claim.slot, planned_ms, rank))
-
-    def _hear_hand_backs(self, store: LeaseStore) -> None:
-        """Runs this instance is a backup of whose winner handed its lease back (it is stopping,
-        or its send failed): tried at once (later by rank), not when the lease would have ended."""
-        handed = set(store.handed_back())
-        if handed:
-            for item in self.queue.hurry(handed, clock.now_ms(), BACKUP_STAGGER_MS):
-                logger.info("anarchon: job %r slot %d: its lease was handed back; taking it over", item.job, item.slot)
 
     def _outgoing(self, claim: Claim, now: int, token: int = 0) -> Outgoing:
         task_id = task_id_for(self.backend.prefix if self.backend else "", claim.job, claim.slot)
@@ -486,49 +315,13 @@ class Scheduler(beat.Scheduler):
 
     def _send(self, runs: list[Outgoing]) -> list[SendOutcome]:
         """Send the won runs' tasks, all at once; returns each run with when and how it ended."""
-        errors = self.sender.send(runs)
-        at_ms = clock.now_ms()
-        written_at = self.sender.written_at
-        for run, error in zip(runs, errors):
-            job = run.job
-            if error is not None:  # a failed send must not stop the other jobs
-                logger.error(
-                    "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r%s",
-                    job.name,
-                    run.slot,
-                    job.task,
-                    run.task_id,
-                    error,
-                    _hint_for(error),
-                    exc_info=error,
-                )
-                continue
-            logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, run.slot, job.task, run.task_id)
-        # A run's sent time is when its message was written, not when the batch's confirms were in.
-        return [SendOutcome(run, written_at.pop(run.task_id, at_ms), error) for run, error in zip(runs, errors)]
+        return self.tasks.send(runs)
 
     def _record(self, done: list[SendOutcome]) -> None:
         """Write the ``sent`` event of each run sent to its job's history, and the ``unsent``
         event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
-        events = []
-        for run, at_ms, error in done:
-            if not run.job.history_size:
-                continue  # the job keeps no history
-            failure = {} if error is None else {"error_type": type(error).__name__, "error": str(error)}
-            event = encode_event(
-                "sent" if error is None else "unsent",
-                run=run.run_id,
-                job=run.job.name,
-                at_ms=at_ms,
-                slot=run.slot,
-                task_id=run.task_id,
-                task=run.job.task,
-                instance=self.instance,
-                trigger="schedule",
-                **failure,
-            )
-            events.append((run.job.name, event, run.job.history_size))
+        events = history_events(done, self.instance)
         if events:
             self.backend.record_many(events)
 
@@ -580,14 +373,3 @@ class Scheduler(beat.Scheduler):
                 self.signals.restore()
                 stopping.reset()
         logger.info("anarchon: %s stopped", self.instance)
-
-
-def _hint_for(error: BaseException) -> str:
-    """What to change, when a send failed for a reason the configuration decides."""
-    if "home node" in str(error):  # RabbitMQ: a classic queue whose node is down or unreachable
-        return (
-            ". The task queue is a classic queue that lives on a cluster node now lost: declare the task "
-            "queues quorum queues (task_default_queue_type = 'quorum'), see 'The task side of a cluster' "
-            "in the README"
-        )
-    return ""

@@ -34,6 +34,7 @@ from kombu.exceptions import OperationalError
 from . import clock
 from .confirms import ConfirmTracker
 from .connections import NodeLog, keep_alive, negotiated_heartbeat, reset_connection
+from .history import encode_event
 from .jobs import Job
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "TaskLink",
     "TaskSender",
     "has_publisher_confirms",
+    "history_events",
     "instance_id",
     "run_headers",
     "send_run",
@@ -430,6 +432,29 @@ class TaskLink:
             connection.collect()
             self.sender.close()
 
+    def send(self, runs: list[Outgoing]) -> list[SendOutcome]:
+        """Send the runs' tasks, all at once, and log how each send ended; returns each run with
+        when its message was written (its sent time, not when the batch's confirms were in)."""
+        errors = self.sender.send(runs)
+        at_ms = clock.now_ms()
+        written_at = self.sender.written_at
+        for run, error in zip(runs, errors):
+            job = run.job
+            if error is not None:  # a failed send must not stop the other jobs
+                logger.error(
+                    "anarchon: job %r slot %d: won, but sending task %s (%s) failed: %r%s",
+                    job.name,
+                    run.slot,
+                    job.task,
+                    run.task_id,
+                    error,
+                    _hint_for(error),
+                    exc_info=error,
+                )
+            else:
+                logger.info("anarchon: job %r slot %d: won, sent %s[%s]", job.name, run.slot, job.task, run.task_id)
+        return [SendOutcome(run, written_at.pop(run.task_id, at_ms), error) for run, error in zip(runs, errors)]
+
     def wake_within_s(self) -> float | None:
         """How long the beat may sleep and keep the connection's heartbeats: None without them."""
         connection = self.__dict__.get("connection")
@@ -453,6 +478,41 @@ class TaskLink:
             ignore_errors(connection, connection.release)
         self.__dict__.pop("connection", None)
         self.__dict__.pop("sender", None)
+
+
+def history_events(outcomes: Sequence[SendOutcome], instance: str) -> list[tuple[str, bytes, int]]:
+    """The history events of runs whose send is over, for :meth:`~.Backend.record_many`: ``sent``,
+    or ``unsent`` with the error; none for a job that keeps no history."""
+    events = []
+    for run, at_ms, error in outcomes:
+        if not run.job.history_size:
+            continue
+        failure = {} if error is None else {"error_type": type(error).__name__, "error": str(error)}
+        event = encode_event(
+            "sent" if error is None else "unsent",
+            run=run.run_id,
+            job=run.job.name,
+            at_ms=at_ms,
+            slot=run.slot,
+            task_id=run.task_id,
+            task=run.job.task,
+            instance=instance,
+            trigger=run.trigger,
+            **failure,
+        )
+        events.append((run.job.name, event, run.job.history_size))
+    return events
+
+
+def _hint_for(error: BaseException) -> str:
+    """What to change, when a send failed for a reason the configuration decides."""
+    if "home node" in str(error):  # RabbitMQ: a classic queue whose node is down or unreachable
+        return (
+            ". The task queue is a classic queue that lives on a cluster node now lost: declare the task "
+            "queues quorum queues (task_default_queue_type = 'quorum'), see 'The task side of a cluster' "
+            "in the README"
+        )
+    return ""
 
 
 class _Sending:

@@ -565,7 +565,7 @@ def test_gates_are_never_declared_earlier_than_lead_ms_and_away_from_whole_secon
     app = make_app(beat_schedule={"j": entry(schedule=1.0)}, anarchon_lead_ms=lead_ms)
     for _ in range(20):
         scheduler = Scheduler(app)
-        phase = scheduler.prepare_phase_ms
+        phase = scheduler.plan.prepare_phase_ms
         assert 0 <= phase < max(1, lead_ms)  # declared lead_ms - phase before the run: never earlier
         if lead_ms >= 1000:  # a run on a whole second gets its gate a quarter to three quarters into one
             assert 250 <= (phase - lead_ms) % 1000 <= 750

@@ -290,7 +290,7 @@ def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock,
     clock.now = T0 + 1
     scheduler = Scheduler(app)
     gate = gate_name(prefix, "minute", T0 + 60_000)
-    phase = scheduler.prepare_phase_ms  # declares come between runs aligned on whole seconds
+    phase = scheduler.plan.prepare_phase_ms  # declares come between runs aligned on whole seconds
     assert 250 <= phase <= 750
     clock.now = T0 + 49_000
     assert scheduler.tick() * 1000 == pytest.approx(1000 + phase)  # wakes up for the gate, ~10 s before the run
@@ -577,7 +577,7 @@ def test_a_run_sent_that_the_store_could_not_be_told_of_is_marked_sent_when_it_a
 def test_a_send_refused_for_a_lost_home_node_says_to_use_quorum_queues() -> None:
     import amqp
 
-    from anarchon_celery.scheduler import _hint_for
+    from anarchon_celery.sending import _hint_for
 
     lost = amqp.exceptions.NotFound(
         "NOT_FOUND - home node 'rabbit@node1' of durable queue 'proj.tasks' in vhost '/' is down or inaccessible"

@@ -29,7 +29,7 @@ from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
-from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, split_options
+from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
 from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, START, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
@@ -130,11 +130,9 @@ class RedisBackend(StoreBackend):
         self._login_refused = redis.AuthenticationError
         self.answer_lost_errors = (*self._errors, NotReplicated)
         self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
-        self._claim_script = client.register_script(CLAIM)
-        self._take_over_script = client.register_script(TAKE_OVER)
-        self._mark_sent_script = client.register_script(MARK_SENT)
-        self._start_script = client.register_script(START)
-        self._hand_back_script = client.register_script(HAND_BACK)
+        scripts = [client.register_script(script) for script in (CLAIM, TAKE_OVER, MARK_SENT, START, HAND_BACK)]
+        self._claim_script, self._take_over_script, self._mark_sent_script, self._start_script = scripts[:4]
+        self._hand_back_script = scripts[4]
         self._peers: Peers | None = None
         self._pubsub: Any = None  # subscribed to the leases handed back
         self._heard = "$"
@@ -168,15 +166,10 @@ class RedisBackend(StoreBackend):
 
     def _check_replicas(self) -> None:
         """With ``wait_replicas``: say when fewer replicas are connected, since no run is won then."""
-        if not self.wait_replicas:
-            return
-        try:
-            connected = int(self.client.info("replication").get("connected_slaves", 0))
-        except (self._refused, *self._errors):
-            return
-        if connected < self.wait_replicas:
+        connected = server_info(self.client, "replication", "connected_slaves", (self._refused, *self._errors))
+        if self.wait_replicas and connected is not None and int(connected) < self.wait_replicas:
             logger.error(
-                "anarchon: %s has %d replica(s) connected, fewer than wait_replicas (%d): no run is won "
+                "anarchon: %s has %s replica(s) connected, fewer than wait_replicas (%d): no run is won "
                 "until enough are (each is asked again until its deadline)",
                 self.describe(),
                 connected,
@@ -186,14 +179,9 @@ class RedisBackend(StoreBackend):
     def _check_eviction(self) -> None:
         """An evicted record or cursor lets a claim win its run again: refuse a Redis that evicts
         keys (BrokerRefused), unless ``allow_eviction``; then say so."""
-        try:
-            policy = self.client.info("memory").get("maxmemory_policy")
-        except (self._refused, *self._errors):
-            return  # INFO refused (an ACL): nothing to read
-        if isinstance(policy, bytes):
-            policy = policy.decode()
+        policy = server_info(self.client, "memory", "maxmemory_policy", (self._refused, *self._errors))
         if not policy or policy == "noeviction":
-            return
+            return  # (or INFO refused, by an ACL: nothing to read)
         risk = (
             f"{self.describe()} evicts keys when its memory is full (maxmemory-policy {policy}): a run "
             "whose record or cursor is evicted can be won again, and run twice"

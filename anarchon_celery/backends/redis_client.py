@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError
 
-__all__ = ["REDIS_SCHEMES", "SENTINEL_SCHEME", "Made", "describe_client", "make_client", "split_options"]
+__all__ = ["REDIS_SCHEMES", "SENTINEL_SCHEME", "Made", "describe_client", "make_client", "server_info", "split_options"]
 
 SENTINEL_SCHEME = "sentinel"
 #: The URL schemes of the Redis backend.
@@ -134,3 +134,15 @@ def describe_client(client: Any) -> str:
     where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}"
     scheme = "rediss" if "SSL" in getattr(pool.connection_class, "__name__", "") else "redis"
     return f"Redis at {scheme}://{where}/{kwargs.get('db', 0)}"
+
+
+def server_info(client: Any, section: str, field: str, errors: tuple[type[BaseException], ...]) -> str | None:
+    """One field of the server's ``INFO section``, as text; None when it is missing or INFO is
+    refused (an ACL) or fails (one of ``errors``)."""
+    try:
+        value = client.info(section).get(field)
+    except errors:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode()
+    return None if value is None else str(value)

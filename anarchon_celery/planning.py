@@ -1,0 +1,159 @@
+"""What a beat instance has to claim, and when: each job's next run, due at its slot plus this
+instance's jitter (the runs found too late skipped, and said so), claims made again, the tries
+of the runs it is a backup of, and the gates it declares ahead (``anarchon_lead_ms``)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections.abc import Mapping
+
+from . import clock
+from .backends import Backend, Claim, Outcome
+from .holding import AWAY_RETRY_MS
+from .jobs import Job
+from .runqueue import ClaimAgain, FirstClaim, Item, Prepare, RunQueue
+from .schedule import Schedule
+
+__all__ = ["Plan"]
+
+logger = logging.getLogger(__name__)
+
+
+class Plan:
+    """The runs of ``jobs`` this instance claims on ``backend``, by when (:attr:`queue`), and the
+    gates it declares ahead (:attr:`prepares`)."""
+
+    def __init__(self, jobs: Mapping[str, Job], backend: Backend, lead_ms: int, rng: random.Random) -> None:
+        self.jobs = jobs
+        self.backend = backend
+        self._random = rng
+        #: The claims and backup tries to make, by when.
+        self.queue: RunQueue[Item] = RunQueue()
+        #: The gates to declare ahead, by when.
+        self.prepares: RunQueue[Prepare] = RunQueue()
+        self.lead_ms = lead_ms
+        #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run (never earlier than
+        #: ``lead_ms``): a phase of this instance that puts the declares of runs on whole seconds
+        #: between a quarter and three quarters into a second, away from the claims.
+        if lead_ms >= 1000:  # declared at slot - lead_ms + phase: (phase - lead_ms) mod 1000 into a second
+            self.prepare_phase_ms = (lead_ms + rng.randint(250, 750)) % 1000
+        else:  # too short a lead to reach the middle of a second: as far from the slot as it allows
+            self.prepare_phase_ms = rng.randint(lead_ms // 4, lead_ms * 3 // 4)
+
+    def start(self, now: int) -> None:
+        """Queue each job's first run: from the runs still within their lateness, so that a run
+        due while no instance was up (a deploy that stopped them all) is claimed like any late
+        run, decided once as ever."""
+        for job in self.jobs.values():
+            self.push(job, job.next_slot(now - job.max_late_ms - 1))
+
+    def push(self, job: Job, slot: int) -> None:
+        jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
+        self.queue.push(FirstClaim(slot + jitter, job.name, slot))
+        if self.lead_ms:
+            self.prepares.push(Prepare(slot + jitter - self.prepare_lead_ms, job.name, slot, slot + jitter))
+
+    @property
+    def prepare_lead_ms(self) -> int:
+        """How long before its claim a run's gate is declared."""
+        return self.lead_ms - self.prepare_phase_ms
+
+    def prepares_due(self, now: int, limit: int) -> list[Claim]:
+        """The runs whose gates are due to be declared ahead (``limit`` at most); a run whose
+        claim is already due is left to the claim."""
+        return [Claim(item.job, item.slot) for item in self.prepares.take(now, limit) if item.claim_ms > now]
+
+    def queue_next(self, taken: list[tuple[Item, int]]) -> None:
+        """Queue the next run of each job whose first claim was taken off the queue (at the time
+        given with it)."""
+        known: dict[tuple[Schedule, int], int] = {}  # worked out once per schedule and slot
+        for item, now in taken:
+            if isinstance(item, FirstClaim):  # a claim made again or a backup: queued the first time
+                self._schedule_after(self.jobs[item.job], item.slot, now, known)
+
+    def claim_of(self, item: FirstClaim | ClaimAgain, now: int) -> Claim | None:
+        """The claim of a run due, or None when it is found too late (logged)."""
+        job = self.jobs[item.job]
+        # Lateness counts from this instance's planned claim (slot + its jitter), so the last
+        # claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
+        late = now - item.planned_ms
+        if late > job.max_late_ms:
+            logger.log(
+                self._skip_level(job.name, item.slot, item.slot + 1),
+                "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
+                job.name,
+                item.slot,
+                late,
+                job.max_late_ms,
+            )
+            return None
+        return Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms, backups=job.backup_runners)
+
+    def claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
+        """Queue the claim of a run again, a moment later, if its deadline allows: it is away (its
+        gate's node is down, or the store cannot be reached: once they are back, they still say
+        whether anyone won the run), or the store's clock says it is not due yet (this instance's
+        clock is ahead)."""
+        job = self.jobs[claim.job]
+        deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
+        planned = deadline - job.max_late_ms
+        again = clock.now_ms() + AWAY_RETRY_MS
+        away = outcome is Outcome.AWAY
+        backend = self.backend
+        away_now, away_still = backend.away_text
+        why = away_now if away else "the store's clock says it is not due yet"
+        if again > deadline:
+            level = logging.WARNING
+            if away and backend.in_outage():
+                backend.missed(claim.job, [claim.slot])  # told with the others when the outage ends
+                level = logging.DEBUG
+            logger.log(
+                level,
+                "anarchon: job %r slot %d: %s until the run's deadline (max_late_ms %d); not run by this instance",
+                claim.job,
+                claim.slot,
+                away_still
+                if away
+                else "the store's clock said it was not due (this host's clock is ahead: check its time sync)",
+                job.max_late_ms,
+            )
+            return
+        logger.debug(
+            "anarchon: job %r slot %d: %s; claiming it again in %d ms", claim.job, claim.slot, why, AWAY_RETRY_MS
+        )
+        self.queue.push(ClaimAgain(again, claim.job, claim.slot, planned))
+
+    def _skip_level(self, job: str, first: int, end: int, schedule: Schedule | None = None) -> int:
+        """The log level of runs of ``job`` skipped as too late (the slots in ``[first, end)`` of
+        ``schedule``, or the one at ``first``): debug during an outage, which the backend reports
+        with the runs missed (these named in) when it ends."""
+        backend = self.backend
+        if not backend.in_outage():
+            return logging.WARNING
+        if schedule is None:
+            backend.missed(job, [first])
+        else:
+            backend.missed(job, list(itertools.islice(schedule.slots(first, end), 10_000)))  # cheap: a cap
+        return logging.DEBUG
+
+    def _schedule_after(self, job: Job, slot: int, now: int, known: dict[tuple[Schedule, int], int]) -> None:
+        """Queue the job's next run; runs already too late to claim are skipped at once. ``known``
+        holds the next slots already worked out, by schedule and slot."""
+        following = known.get((job.schedule, slot))
+        if following is None:
+            following = known[job.schedule, slot] = job.next_slot(slot)
+        if following + job.max_late_ms < now:
+            resume = job.next_slot(now - job.max_late_ms - 1)
+            logger.log(
+                self._skip_level(job.name, following, resume, job.schedule),
+                "anarchon: job %r: runs from slot %d up to slot %d are more than max_late_ms "
+                "(%d) late; skipped, runs are not caught up",
+                job.name,
+                following,
+                resume,
+                job.max_late_ms,
+            )
+            following = resume
+        self.push(job, following)
