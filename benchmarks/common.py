@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parent))  # the repository's root: the tests' helpers start the processes
 
-from demo import delete_prefixed, queue_names, start_celery, stop, wait_for_line  # noqa: E402
+from tests.support.processes import delete_prefixed, queue_names, start_celery, stop, wait_for_line  # noqa: E402
 
 __all__ = [
     "BROKER",

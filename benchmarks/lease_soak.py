@@ -68,8 +68,8 @@ from common import BROKER, HERE, delete_prefixed, now_ms, percentile, start_cele
 from soak import expire_gates, rabbitmqctl, restart_broker
 
 sys.path.insert(0, str(HERE.parent))
-from tests.postgres_servers import system_cluster  # noqa: E402
-from tests.redis_servers import SentinelGroup  # noqa: E402
+from tests.support.postgres_servers import system_cluster  # noqa: E402
+from tests.support.redis_servers import SentinelGroup  # noqa: E402
 
 IMPLS = ("sqlite", "redis", "postgres", "rabbitmq", "redbeat", "redis-sentinel", "redis-sentinel-wait")
 MODES = ("none", "kill-claim", "pause-send", "kill", "cut", "restart", "outage", "failover", "chaos", "rolling", "skew")

@@ -28,8 +28,8 @@ from common import HERE, percentile, report
 from anarchon_celery import Claim, Outcome, PostgresBackend, RedisBackend, clock
 
 sys.path.insert(0, str(HERE.parent))
-from tests.postgres_servers import OwnPostgres  # noqa: E402
-from tests.redis_servers import OwnRedisServer  # noqa: E402
+from tests.support.postgres_servers import OwnPostgres  # noqa: E402
+from tests.support.redis_servers import OwnRedisServer  # noqa: E402
 
 
 def timed(backend: Any, claims: list[Claim]) -> float:

@@ -23,7 +23,6 @@ import datetime as dt
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository's root: its tests' helpers start the processes
+
+from tests.support.processes import delete_prefixed, start_celery, stop  # noqa: E402
+
 LOCAL_RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 BROKER = os.environ.get("ANARCHON_DEMO_BROKER", LOCAL_RABBITMQ)
 #: The demo's backends: claims in RabbitMQ (the broker), or in a SQLite file with the tasks as files.
@@ -108,16 +111,6 @@ def check_broker(url: str = BROKER, timeout: float = 2.0) -> None:
         raise BrokerUnreachable(url, str(exc) or type(exc).__name__) from exc
 
 
-# Queue names straight from the broker's metadata: `rabbitmqctl list_queues` asks every queue
-# process for its name, and leaves out those too busy to answer (many just made at once).
-_QUEUE_NAMES = '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], ok.'
-# The queues and the exchanges in one call: each rabbitmqctl call starts an Erlang VM (~0.6 s).
-_NAMES = (
-    '[io:format("queue:~s~n", [N]) || {resource, <<"/">>, queue, N} <- rabbit_amqqueue:list_names()], '
-    '[io:format("exchange:~s~n", [N]) || {resource, <<"/">>, exchange, N} <- rabbit_exchange:list_names()], ok.'
-)
-
-
 def choose_backend(requested: str | None, broker: str | None = None, default: str = LOCAL_RABBITMQ) -> str:
     """The backend the demo runs on: ``requested``, or RabbitMQ when ``broker`` (the
     ``ANARCHON_DEMO_BROKER`` given) is set or the ``default`` RabbitMQ answers, else SQLite, saying
@@ -136,85 +129,6 @@ def choose_backend(requested: str | None, broker: str | None = None, default: st
         )
         return "sqlite"
     return "rabbitmq"
-
-
-def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
-    """rabbitmqctl, or the command in ANARCHON_RABBITMQCTL (as for `celery anarchon prune`)."""
-    command = shlex.split(os.environ.get("ANARCHON_RABBITMQCTL", "rabbitmqctl"))
-    return subprocess.run(
-        [*command, "-q", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False
-    )
-
-
-def queue_names(prefix: str = "") -> list[str]:
-    """Every queue whose name starts with ``prefix``, as the broker's metadata knows them."""
-    listing = _rabbitmqctl("eval", _QUEUE_NAMES)
-    if listing.returncode == 0:
-        names = [line[6:] for line in listing.stdout.splitlines() if line.startswith("queue:")]
-    else:
-        names = _rabbitmqctl("list_queues", "--no-table-headers", "name").stdout.split()
-    return sorted({n for n in names if n.startswith(prefix)})
-
-
-def delete_prefixed(prefix: str, broker: str = BROKER) -> int:
-    """Delete every queue and exchange whose name starts with ``prefix``; return how many."""
-    from kombu import Connection
-
-    listing = _rabbitmqctl("eval", _NAMES)
-    if listing.returncode == 0:
-        lines = listing.stdout.splitlines()
-        queues = [line[6:] for line in lines if line.startswith("queue:")]
-        exchanges = [line[9:] for line in lines if line.startswith("exchange:")]
-    else:
-        queues = queue_names()
-        exchanges = _rabbitmqctl("list_exchanges", "--no-table-headers", "name").stdout.split()
-    names = {
-        "queues": sorted({n for n in queues if n.startswith(prefix)}),
-        "exchanges": sorted({n for n in exchanges if n.startswith(prefix)}),
-    }
-    with Connection(broker) as conn:
-        channel = conn.default_channel
-        for queue in names["queues"]:
-            channel.queue_delete(queue)
-        for exchange in names["exchanges"]:
-            channel.exchange_delete(exchange)
-    return len(names["queues"]) + len(names["exchanges"])
-
-
-def start_celery(
-    args: list[str], log: Path, env: dict[str, str], app: str = "demo_app", cwd: Path = HERE
-) -> subprocess.Popen[bytes]:
-    """Start `celery -A app ...` in its own process group, its output appended to `log`."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", app, *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and needle in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{path.name}: process exited early:\n{path.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.2)
-    raise RuntimeError(f"{path.name}: no {needle!r} within {timeout}s:\n{path.read_text(errors='replace')[-3000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _queue_depth(queue: str, folder: Path | None) -> int:
@@ -318,7 +232,7 @@ def _delete(prefix: str) -> None:
 
     conn = Connection(BROKER)
     try:
-        deleted = delete_prefixed(prefix)
+        deleted = delete_prefixed(prefix, BROKER)
     except (KombuError, OSError, subprocess.SubprocessError, *conn.connection_errors) as exc:
         say(f"could not delete this run's queues and exchanges ({prefix}*): {exc}")
     else:
@@ -421,17 +335,19 @@ def _start(
         say(f"starting {beats} workers, each with the scheduler inside (-B)")
         beat_logs = [tmp / f"worker-{i + 1}.log" for i in range(beats)]
         for i, log in enumerate(beat_logs):
-            procs.append(start_celery([*worker_args, "-B", "-n", f"{prefix}worker{i + 1}@%h"], log, env))
+            name = f"{prefix}worker{i + 1}@%h"
+            procs.append(start_celery([*worker_args, "-B", "-n", name], log, env, app="demo_app", cwd=HERE))
         workers = list(procs)
     else:
         say("starting a worker")
-        workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], tmp / "worker.log", env)]
+        worker_log = tmp / "worker.log"
+        workers = [start_celery([*worker_args, "-n", f"{prefix}worker@%h"], worker_log, env, app="demo_app", cwd=HERE)]
         procs += workers
         _wait_ready({tmp / "worker.log": workers[0]}, "ready.", 60)
         say(f"starting {beats} beat instances: each races the others to claim every run")
         beat_logs = [tmp / f"beat-{i + 1}.log" for i in range(beats)]
         for log in beat_logs:
-            beat_procs.append(start_celery(["beat", "-l", "info", "--pidfile="], log, env))
+            beat_procs.append(start_celery(["beat", "-l", "info", "--pidfile="], log, env, app="demo_app", cwd=HERE))
             procs.append(beat_procs[-1])
     _wait_ready(dict(zip(beat_logs, beat_procs or workers)), "anarchon: ready as", 60)
     return workers, beat_procs, beat_logs
@@ -487,7 +403,10 @@ def _report(
     # This run's settings, also when an earlier run of this process imported the app first.
     store = env.get("ANARCHON_DEMO_BACKEND") or None
     demo_app.app.conf.update(
-        anarchon_prefix=prefix, anarchon_backend=store, anarchon_lease_ms=demo_app.LEASE_MS if store else None
+        broker_url=env["ANARCHON_DEMO_BROKER"],
+        anarchon_prefix=prefix,
+        anarchon_backend=store,
+        anarchon_lease_ms=demo_app.LEASE_MS if store else None,
     )
 
     import anarchon_celery

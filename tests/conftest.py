@@ -19,8 +19,8 @@ from kombu import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-from tests.broker_control import BROKER  # noqa: E402
-from tests.stores import delete_postgres_rows, delete_redis_keys  # noqa: E402
+from tests.support.broker_control import BROKER  # noqa: E402
+from tests.support.stores import delete_postgres_rows, delete_redis_keys  # noqa: E402
 
 # -- tests in parallel ---------------------------------------------------------------------------
 #
@@ -98,7 +98,7 @@ def broker_url() -> str:
 @pytest.fixture
 def prefix(broker_url: str) -> Iterator[str]:
     """A unique name prefix; every queue and exchange under it is deleted after the test."""
-    from demo import delete_prefixed
+    from tests.support.processes import delete_prefixed
 
     value = f"t-{uuid.uuid4().hex[:10]}."
     yield value
@@ -107,7 +107,7 @@ def prefix(broker_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def beat_env(prefix: str, broker_url: str) -> Iterator[dict[str, str]]:
-    """The environment of a beat of tests.history_app under this test's prefix (a job every 2 s),
+    """The environment of a beat of tests.apps.history_app under this test's prefix (a job every 2 s),
     with its task queue declared as a worker would."""
     from kombu import Exchange, Queue
 

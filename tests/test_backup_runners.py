@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from demo import start_celery
 from kombu import Connection
 
 from anarchon_celery import task_id_for
 
-from .stores import delete_postgres_rows, delete_redis_keys
+from .support.processes import start_celery
+from .support.stores import delete_postgres_rows, delete_redis_keys
 from .test_cli import celery
 from .test_faults import (
     APP,
@@ -71,7 +71,7 @@ def _fleet_envs(base: dict[str, str], store: str, fault: str, tmp_path: Path) ->
     )
     faulty = dict(
         env,
-        TEST_BEAT_SCHEDULER="tests.faulty_scheduler.FaultyScheduler",
+        TEST_BEAT_SCHEDULER="tests.apps.faulty_scheduler.FaultyScheduler",
         TEST_FAULT=fault,
         TEST_FAULT_FROM=str(tmp_path / "fault-from"),
     )

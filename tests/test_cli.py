@@ -20,10 +20,10 @@ from kombu import Connection
 
 from anarchon_celery.history import encode_event
 
-from .broker_control import BROKER
+from .support.broker_control import BROKER
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.history_app"
+APP = "tests.apps.history_app"
 
 pytestmark = pytest.mark.broker
 
@@ -323,14 +323,19 @@ def test_history_never_returns_more_than_history_size(app_env: dict[str, str], p
 
 # -- the app's task modules -----------------------------------------------------------------------
 
-IMPORTS_APP = "tests.cli_imports_app"
+IMPORTS_APP = "tests.apps.cli_imports_app"
 
 
 @pytest.fixture
 def imports_env(prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """cli_imports_app configured with this test's prefix, imported afresh."""
     monkeypatch.setenv("CLI_IMPORTS_APP_PREFIX", prefix)
-    modules = [IMPORTS_APP, "tests.cli_included_tasks", "tests.cli_imported_tasks", "tests.cli_discovered_tasks"]
+    modules = [
+        IMPORTS_APP,
+        "tests.apps.cli_included_tasks",
+        "tests.apps.cli_imported_tasks",
+        "tests.apps.cli_discovered_tasks",
+    ]
     forget(*modules)
     yield dict(os.environ, PYTHONPATH=str(ROOT))
     forget(*modules)
@@ -556,7 +561,7 @@ def test_prune_on_a_lease_store_deletes_what_removed_jobs_left(
     from anarchon_celery import Claim
     from anarchon_celery.backends import PostgresBackend, RedisBackend, SQLiteBackend
 
-    from .stores import delete_postgres_rows, delete_redis_keys
+    from .support.stores import delete_postgres_rows, delete_redis_keys
 
     url = store_url(store, tmp_path, request)
     kind = {"sqlite": SQLiteBackend, "redis": RedisBackend, "postgres": PostgresBackend}[store]

@@ -16,8 +16,8 @@ import pytest
 
 from anarchon_celery import Claim, ConfigError, Outcome, RabbitMQBackend
 
-from .broker_control import BROKER, ROOT
-from .cluster_control import (
+from .support.broker_control import BROKER, ROOT
+from .support.cluster_control import (
     SCRIPT,
     VERSION,
     check,

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from .cluster_control import VERSION, ClusterBusy, cluster
+from .support.cluster_control import VERSION, ClusterBusy, cluster
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 

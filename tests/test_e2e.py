@@ -16,7 +16,7 @@ from typing import Any
 import demo
 import pytest
 
-from .proxy import free_port
+from .support.proxy import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from demo import start_celery
 from kombu import Connection
 
-from .broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl, url_with
-from .proxy import Proxy, free_port
+from .support.broker_control import broker_stopped, close_all_connections, need_rabbitmqctl, rabbitmqctl, url_with
+from .support.processes import start_celery
+from .support.proxy import Proxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.history_app"
+APP = "tests.apps.history_app"
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -426,7 +426,7 @@ def test_clock_skew_within_the_documented_bound_still_runs_each_slot_once(
         HISTORY_APP_LEAD_MS=str(lead_ms),
         HISTORY_APP_MAX_LATE_MS=str(max_late_ms),
     )
-    fleet = Fleet(tmp_path, [dict(env, HISTORY_APP_SKEW_MS=str(skew)) for skew in skews], app="tests.skewed_app")
+    fleet = Fleet(tmp_path, [dict(env, HISTORY_APP_SKEW_MS=str(skew)) for skew in skews], app="tests.apps.skewed_app")
     try:
         fleet.wait_ready()
         fleet.wait_any("won, sent")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from demo import start_celery
 
 from anarchon_celery import cron
 from anarchon_celery.guard import foreign_scheduler_error
 
+from .support.processes import start_celery
 from .test_faults import kill, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_a_worker_embedding_celerys_own_beat_says_so(
     log = tmp_path / "worker.log"
     args = ["worker", "-B", *option, "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip"]
     args += ["-n", f"{prefix}guard@%h"]
-    worker = start_celery(args, log, env, app="tests.history_app", cwd=tmp_path)
+    worker = start_celery(args, log, env, app="tests.apps.history_app", cwd=tmp_path)
     try:
         wait_for(log, "ready.", worker)
         if ours:

@@ -12,7 +12,7 @@ import pytest
 
 from anarchon_celery import Claim, Outcome, RabbitMQBackend
 
-from .cluster_control import SCRIPT, VERSION, check, cut_off_node_1, heal, started_cluster
+from .support.cluster_control import SCRIPT, VERSION, check, cut_off_node_1, heal, started_cluster
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster]
 

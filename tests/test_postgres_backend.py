@@ -12,7 +12,7 @@ import pytest
 
 from anarchon_celery import Claim, ConfigError, Outcome, PostgresBackend
 
-from .proxy import Proxy
+from .support.proxy import Proxy
 
 
 def _open(url: str, prefix: str, **kwargs: Any) -> PostgresBackend:
@@ -140,7 +140,7 @@ def test_asynchronous_commits_are_warned_of(
 
 
 def test_an_unreachable_server_is_a_clear_error_without_its_password(postgres_prefix: str) -> None:
-    from .proxy import free_port
+    from .support.proxy import free_port
 
     backend = PostgresBackend(f"postgresql://me:s3cret@127.0.0.1:{free_port()}/db", prefix=postgres_prefix, timeout=1)
     with pytest.raises(Exception, match="does not answer") as info:

@@ -16,8 +16,8 @@ import pytest
 
 from anarchon_celery import BrokerRefused, Claim, ConfigError, Outcome, RedisBackend
 
-from .proxy import Proxy, free_port
-from .redis_servers import OwnRedisServer
+from .support.proxy import Proxy, free_port
+from .support.redis_servers import OwnRedisServer
 
 
 def _open(url: str, prefix: str, **kwargs: Any) -> RedisBackend:

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 import pytest
 from celery import Celery
 from celery.exceptions import QueueNotFound
-from demo import start_celery
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.exceptions import EncodeError
 
@@ -30,12 +29,13 @@ from anarchon_celery.jobs import make_job
 from anarchon_celery.sending import Outgoing, TaskSender, has_publisher_confirms, task_connection
 from anarchon_celery.settings import Settings
 
-from .proxy import Proxy, free_port
-from .stores import delete_redis_keys
+from .support.processes import start_celery
+from .support.proxy import Proxy, free_port
+from .support.stores import delete_redis_keys
 from .test_faults import Fleet, kill, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.redis_app"
+APP = "tests.apps.redis_app"
 SENT = re.compile(r"job 'every' slot (\d+): won, sent redis_app\.record\[([0-9a-f-]+)\]")
 
 pytestmark = pytest.mark.broker

@@ -15,7 +15,7 @@ from anarchon_celery import ConfigError, RedisBackend
 from anarchon_celery.backends import backend_for
 from anarchon_celery.settings import Settings
 
-from .redis_servers import SentinelGroup
+from .support.redis_servers import SentinelGroup
 from .test_backup_runners import _tokens
 from .test_faults import Fleet, assert_each_run_once
 
@@ -145,7 +145,7 @@ def test_a_win_no_replica_acknowledged_is_not_counted_until_one_does(tmp_path: P
         pytest.skip("no redis-server here")
     from anarchon_celery import Claim, Outcome, clock
 
-    from .redis_servers import OwnRedisServer
+    from .support.redis_servers import OwnRedisServer
 
     master = OwnRedisServer(tmp_path / "master")
     replica = None

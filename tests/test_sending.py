@@ -22,7 +22,7 @@ from anarchon_celery.jobs import make_job
 from anarchon_celery.sending import Outgoing, TaskSender, task_connection
 from anarchon_celery.settings import Settings
 
-from .proxy import Proxy
+from .support.proxy import Proxy
 
 pytestmark = pytest.mark.broker
 

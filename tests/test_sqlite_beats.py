@@ -55,7 +55,7 @@ def test_beats_whose_clocks_are_a_minute_off_never_win_a_run(
     env = dict(beat_env, HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'anarchon.db'}", HISTORY_APP_EVERY="1")
     ahead = dict(env, HISTORY_APP_SKEW_MS="60000")
     behind = dict(env, HISTORY_APP_SKEW_MS="-60000")
-    fleet = Fleet(tmp_path, [env, ahead, behind], app="tests.skewed_app")
+    fleet = Fleet(tmp_path, [env, ahead, behind], app="tests.apps.skewed_app")
     try:
         fleet.wait_ready()
         fleet.wait_any("won, sent")

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from demo import start_celery
 
-from .stores import delete_postgres_rows, delete_redis_keys
+from .support.processes import start_celery
+from .support.stores import delete_postgres_rows, delete_redis_keys
 from .test_cli import celery
 from .test_faults import kill, start_beat, stopped_in_one_line, wait_for
 
@@ -75,7 +75,7 @@ def test_a_relative_sqlite_path_is_shown_absolute(beat_env: dict[str, str], tmp_
         ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="],
         log,
         env,
-        app="tests.history_app",
+        app="tests.apps.history_app",
         cwd=tmp_path / "here",
     )
     try:
@@ -132,7 +132,7 @@ def test_a_redis_user_without_rights_on_the_keys(
 def test_an_evicting_redis_stops_beat_and_fails_check(beat_env: dict[str, str], tmp_path: Path) -> None:
     import redis
 
-    from .redis_servers import OwnRedisServer
+    from .support.redis_servers import OwnRedisServer
 
     if shutil.which("redis-server") is None:
         pytest.skip("no redis-server here")
@@ -158,7 +158,7 @@ def test_an_evicting_redis_stops_beat_and_fails_check(beat_env: dict[str, str], 
 
 @pytest.mark.timeout(120)
 def test_a_store_that_does_not_answer_is_waited_for(beat_env: dict[str, str], tmp_path: Path) -> None:
-    from .proxy import free_port
+    from .support.proxy import free_port
 
     env = dict(beat_env, HISTORY_APP_BACKEND=f"redis://127.0.0.1:{free_port()}/0")
     log = tmp_path / "beat.log"
@@ -237,7 +237,7 @@ def test_two_projects_on_one_store_each_run_every_run_of_their_own(beat_env: dic
     # Two apps with a job of the same name, on the same Redis with the default prefix: each
     # app's default is its own (<main>.cron.), so neither loses runs to the other. (A Redis of
     # the test's own: nothing left under 'cron.' by anything else.)
-    from .redis_servers import OwnRedisServer
+    from .support.redis_servers import OwnRedisServer
     from .test_faults import Fleet
 
     if shutil.which("redis-server") is None:
@@ -316,7 +316,7 @@ def test_beats_that_decide_runs_in_two_places_are_named_by_the_worker(beat_env: 
     try:
         for side, env, log in zip("ab", envs, logs):
             args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="]
-            beats.append(start_celery(args, log, env, app="tests.history_app", cwd=tmp_path / side))
+            beats.append(start_celery(args, log, env, app="tests.apps.history_app", cwd=tmp_path / side))
         worker_env = dict(beat_env, HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'a' / 'state' / 'anarchon.db'}")
         worker = _worker(worker_env, worker_log)
         deadline = time.monotonic() + 90

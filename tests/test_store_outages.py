@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from . import postgres_servers
-from .redis_servers import OwnRedisServer
-from .stores import delete_postgres_rows
+from .support import postgres_servers
+from .support.redis_servers import OwnRedisServer
+from .support.stores import delete_postgres_rows
 from .test_backup_runners import _tokens
 from .test_faults import Fleet, assert_each_run_once
 

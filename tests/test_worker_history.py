@@ -24,8 +24,8 @@ import anarchon_celery
 from anarchon_celery import RabbitMQBackend, Run
 from anarchon_celery.history import encode_event, fold
 
-from . import worker_app
-from .proxy import Proxy
+from .apps import worker_app
+from .support.proxy import Proxy
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -34,7 +34,7 @@ FINAL = ("succeeded", "failed", "revoked")
 
 
 class Worker:
-    """A ``celery worker`` of tests.worker_app, started and ready."""
+    """A ``celery worker`` of tests.apps.worker_app, started and ready."""
 
     def __init__(self, prefix: str, log: Path, *args: str, backend: str | None = None) -> None:
         self.node = f"{prefix}w@{uuid.uuid4().hex[:6]}"
@@ -42,7 +42,18 @@ class Worker:
         env = dict(os.environ, WORKER_APP_PREFIX=prefix, WORKER_APP_BROKER=worker_app.BROKER)
         if backend:
             env["WORKER_APP_BACKEND"] = backend
-        command = [sys.executable, "-m", "celery", "-A", "tests.worker_app", "worker", "-l", "info", "-n", self.node]
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.worker_app",
+            "worker",
+            "-l",
+            "info",
+            "-n",
+            self.node,
+        ]
         command += ["--without-mingle", "--without-gossip", "--without-heartbeat", *args]
         self.proc = subprocess.Popen(
             command,

@@ -119,7 +119,7 @@ def check(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_BROKER=";".join(urls), HISTORY_APP_PREFIX="t-check.")
     env.pop("ANARCHON_RABBITMQCTL", None)
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.history_app", "anarchon", "check", *args],
+        [sys.executable, "-m", "celery", "-A", "tests.apps.history_app", "anarchon", "check", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,9 +1,9 @@
-"""Tasks of ``tests.cli_imports_app`` found through its ``include`` setting: an ``@cron`` job."""
+"""Tasks of ``tests.apps.cli_imports_app`` found through its ``include`` setting: an ``@cron`` job."""
 
 from __future__ import annotations
 
 import anarchon_celery
-from tests.cli_imports_app import app
+from tests.apps.cli_imports_app import app
 
 
 @anarchon_celery.cron("0 4 * * *")

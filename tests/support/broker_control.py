@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RABBITMQ = os.environ.get("ANARCHON_TEST_RABBITMQ", "system")
 
 if RABBITMQ == "system":

@@ -11,12 +11,12 @@ from celery import Celery
 PREFIX = os.environ.get("CLI_IMPORTS_APP_PREFIX", "cliimports.")
 
 BROKER = os.environ.get("ANARCHON_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
-app = Celery("cli_imports_app", broker=BROKER, include=["tests.cli_included_tasks"])
+app = Celery("cli_imports_app", broker=BROKER, include=["tests.apps.cli_included_tasks"])
 app.conf.update(
-    imports=("tests.cli_imported_tasks",),
+    imports=("tests.apps.cli_imported_tasks",),
     task_default_queue=f"{PREFIX}tasks",
     anarchon_prefix=PREFIX,
     anarchon_history_size=5,
     beat_schedule={"imported": {"task": "cli_imports.imported", "schedule": "0 5 * * *"}},
 )
-app.autodiscover_tasks(["tests"], related_name="cli_discovered_tasks")
+app.autodiscover_tasks(["tests.apps"], related_name="cli_discovered_tasks")

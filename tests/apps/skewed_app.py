@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from anarchon_celery import clock
-from tests.history_app import app
+from tests.apps.history_app import app
 
 __all__ = ["app"]
 

@@ -1,0 +1,1 @@
+"""The Celery apps the tests run in real beat and worker processes (``celery -A tests.apps.NAME``)."""

@@ -1,0 +1,1 @@
+"""What the tests share: the services they control, the processes they start, the stores they clean."""
