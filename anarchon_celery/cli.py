@@ -12,8 +12,6 @@ import contextlib
 import datetime as dt
 import functools
 import json
-import shlex
-import subprocess
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -21,9 +19,8 @@ from typing import Any
 import click
 
 from . import clock
-from .backends import RabbitMQBackend
+from .backends import JobState, StreamHistory
 from .backends.base import Finding, checked
-from .backends.store import StoreBackend
 from .control import (
     Deployment,
     check_prefix_unshared,
@@ -36,7 +33,7 @@ from .control import (
     rabbitmq_backend,
     run_now,
 )
-from .errors import AnarchonError
+from .errors import AnarchonError, BrokerError
 from .history import Run, fold
 from .jobs import JOB_NAME_RE, Job
 from .schedule import from_ms, to_ms
@@ -382,26 +379,27 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
     deployment whose prefix starts with this one's look alike: read the list before --yes.
     """
     with _deployment(ctx) as deployment:
-        if isinstance(deployment.backend, StoreBackend):
-            _prune_store(deployment, deployment.backend, names, yes, as_json)
+        state = deployment.backend.job_state
+        if state is not None:
+            _prune_store(deployment, state, names, yes, as_json)
             return
-        backend = rabbitmq_backend(deployment)
-        prefix = backend.prefix
+        streams = rabbitmq_backend(deployment)
+        prefix = deployment.backend.prefix
         if names:
             jobs = sorted({_named_job(deployment, prefix, name) for name in names})
             found = history_streams(deployment, jobs)
             missing = [job for job in jobs if not found[job]]
             if missing:
-                streams = ", ".join(f"{prefix}{job}.history" for job in missing)
-                raise click.ClickException(f"no history stream {streams} on this broker: nothing pruned")
+                shown = ", ".join(f"{prefix}{job}.history" for job in missing)
+                raise click.ClickException(f"no history stream {shown} on this broker: nothing pruned")
         else:
-            listed = {history_job(prefix, queue) for queue in _listed_streams(backend, rabbitmqctl)}
+            listed = {history_job(prefix, queue) for queue in _listed_streams(streams, rabbitmqctl)}
             found = history_streams(deployment, sorted(j for j in listed if j is not None and j not in deployment.jobs))
             jobs = [job for job, exists in found.items() if exists]
             if len(jobs) < len(found):  # listed by rabbitmqctl, unknown here: another broker?
                 click.echo(
                     f"note: {len(found) - len(jobs)} stream(s) that rabbitmqctl lists are not on "
-                    f"{backend.describe()}: is rabbitmqctl reaching the same broker?",
+                    f"{deployment.backend.describe()}: is rabbitmqctl reaching the same broker?",
                     err=True,
                 )
         data = []
@@ -412,13 +410,11 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
     _emit(as_json, data, [[d["job"], d["stream"], action] for d in data], ["JOB", "STREAM", "ACTION"])
 
 
-def _prune_store(
-    deployment: Deployment, backend: StoreBackend, names: tuple[str, ...], yes: bool, as_json: bool
-) -> None:
+def _prune_store(deployment: Deployment, state: JobState, names: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """``prune`` on Redis, PostgreSQL or SQLite: the cursor, run records and history of jobs the
     app no longer has, under the deployment's prefix."""
-    backend.open()
-    stored = backend.stored_jobs()
+    deployment.backend.open()
+    stored = state.stored_jobs()
     if names:
         jobs = sorted(set(names))
         for job in jobs:
@@ -427,14 +423,14 @@ def _prune_store(
         missing = [job for job in jobs if job not in stored]
         if missing:
             raise click.ClickException(
-                f"no state of job(s) {', '.join(map(repr, missing))} in {backend.describe()}: nothing pruned"
+                f"no state of job(s) {', '.join(map(repr, missing))} in {deployment.backend.describe()}: nothing pruned"
             )
     else:
         jobs = [job for job in stored if job not in deployment.jobs]
     data = []
     for job in jobs:
         if yes:
-            backend.forget_job(job)
+            state.forget_job(job)
         data.append({"job": job, "what": "cursor, run records, history", "deleted": yes})
     action = "deleted" if yes else "would delete (prune --yes)"
     _emit(as_json, data, [[d["job"], d["what"], action] for d in data], ["JOB", "STATE", "ACTION"])
@@ -452,23 +448,13 @@ def _named_job(deployment: Deployment, prefix: str, name: str) -> str:
     return job
 
 
-def _listed_streams(backend: RabbitMQBackend, rabbitmqctl: str) -> list[str]:
+def _listed_streams(streams: StreamHistory, rabbitmqctl: str) -> list[str]:
     """The stream queues of the backend's vhost, as ``rabbitmqctl list_queues`` shows them (it
     leaves out queues too busy to answer: those wait for the next prune)."""
-    vhost = backend.connection.virtual_host or "/"
-    command = [*shlex.split(rabbitmqctl), "-q", "list_queues", "-p", vhost, "--formatter", "json", "name", "type"]
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120, check=False
-        )
-        if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else 'no output'}")
-        rows = json.loads(done.stdout or "[]")
-        return [row["name"] for row in rows if row.get("type") == "stream"]
-    except Exception as exc:  # noqa: BLE001 - not found, refused, timed out, unreadable: one line
+        return streams.listed_streams(rabbitmqctl)
+    except BrokerError as exc:
         raise click.ClickException(
-            f"cannot list the broker's queues: {rabbitmqctl} failed ({type(exc).__name__}: {exc}). "
-            "Run prune on the broker's host, give --rabbitmqctl 'ssh HOST sudo rabbitmqctl', or name "
-            "the jobs: prune JOB..."
+            f"cannot list the broker's queues: {exc}. Run prune on the broker's host, give --rabbitmqctl "
+            "'ssh HOST sudo rabbitmqctl', or name the jobs: prune JOB..."
         ) from None

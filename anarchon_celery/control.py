@@ -10,12 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import amqp
-
 from . import clock
-from .backends import Backend, RabbitMQBackend, backend_for
+from .backends import Backend, StreamHistory, backend_for
 from .backends.rabbitmq import history_name
-from .errors import BrokerError, ConfigError
+from .errors import ConfigError
 from .history import Run, encode_event, fold
 from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
 from .sending import has_publisher_confirms, instance_id, send_run, task_connection
@@ -80,7 +78,7 @@ def classic_task_queues_on_a_cluster(app: Any, deployment: Deployment) -> list[s
     finally:
         connection.release()
     backend = deployment.backend
-    if not nodes and not (isinstance(backend, RabbitMQBackend) and backend.link.several_nodes):
+    if not nodes and not backend.on_several_nodes:
         return None
     classic = []
     for name, queue in sorted(app.amqp.queues.items()):
@@ -209,34 +207,19 @@ def history_job(prefix: str, queue: str) -> str | None:
     return job if JOB_NAME_RE.match(job) else None
 
 
-def rabbitmq_backend(deployment: Deployment) -> RabbitMQBackend:
-    """The deployment's backend, which must be RabbitMQ's for anything about history streams."""
+def rabbitmq_backend(deployment: Deployment) -> StreamHistory:
+    """The deployment's history streams: its backend must keep history in the broker's queues."""
     backend = deployment.backend
-    if not isinstance(backend, RabbitMQBackend):
+    streams = backend.stream_history
+    if streams is None:
         raise ConfigError(f"history streams are RabbitMQ queues, and this deployment's backend is {backend.describe()}")
-    return backend
+    return streams
 
 
 def history_streams(deployment: Deployment, jobs: Iterable[str]) -> dict[str, bool]:
     """Whether each job's history stream exists on the deployment's broker (a passive declare on
     the backend's connection, which it opens)."""
-    backend = rabbitmq_backend(deployment)
-    backend.open()
-    connection = backend.connection
-    found: dict[str, bool] = {}
-    try:
-        channel = connection.connection.channel()
-        for job in jobs:
-            try:
-                channel.queue_declare(history_name(backend.prefix, job), passive=True)
-                found[job] = True
-            except amqp.exceptions.NotFound:  # closes the channel
-                found[job] = False
-                channel = connection.connection.channel()
-        channel.close()
-    except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
-        raise BrokerError(f"cannot look up history streams at {connection.as_uri()}: {exc}") from exc
-    return found
+    return rabbitmq_backend(deployment).history_streams(jobs)
 
 
 def delete_history_stream(deployment: Deployment, job: str) -> str:
@@ -246,14 +229,4 @@ def delete_history_stream(deployment: Deployment, job: str) -> str:
         raise ConfigError(f"job {job!r} is configured: its history stream is never pruned")
     if not JOB_NAME_RE.match(job):
         raise ConfigError(f"{job!r} is not a job name")
-    backend = rabbitmq_backend(deployment)
-    name = history_name(backend.prefix, job)
-    backend.open()
-    connection = backend.connection
-    try:
-        channel = connection.connection.channel()
-        channel.queue_delete(name)
-        channel.close()
-    except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
-        raise BrokerError(f"cannot delete {name} at {connection.as_uri()}: {exc}") from exc
-    return name
+    return rabbitmq_backend(deployment).delete_history_stream(job)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..settings import Settings
-from .base import Backend, Claim, LeaseStore, Outcome, Takeover, TakeoverKind
+from .base import Backend, Claim, JobState, LeaseStore, Outcome, StreamHistory, Takeover, TakeoverKind
 from .memory import MemoryBackend
 from .postgres import POSTGRES_SCHEMES, PostgresBackend
 from .rabbitmq import AMQP_SCHEMES, RabbitMQBackend, app_connection_options
@@ -17,6 +17,7 @@ from .sqlite import SQLiteBackend
 __all__ = [
     "Backend",
     "Claim",
+    "JobState",
     "LeaseStore",
     "MemoryBackend",
     "Outcome",
@@ -24,6 +25,7 @@ __all__ = [
     "RabbitMQBackend",
     "RedisBackend",
     "SQLiteBackend",
+    "StreamHistory",
     "Takeover",
     "TakeoverKind",
     "backend_for",

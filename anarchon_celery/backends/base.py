@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import enum
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +23,11 @@ __all__ = [
     "Backend",
     "Claim",
     "Finding",
+    "JobState",
     "LeaseStore",
     "MissedRuns",
     "Outcome",
+    "StreamHistory",
     "Takeover",
     "TakeoverKind",
     "check_prefix",
@@ -234,6 +236,42 @@ class LeaseStore(abc.ABC):
         call starts listening). Cheap: called at each wake-up. Never raises for store trouble."""
 
 
+class JobState(abc.ABC):
+    """A backend that keeps state per job it can list itself (the Redis, PostgreSQL and SQLite
+    stores: each job's cursor, run records and history), which a job that is gone leaves behind
+    (``celery anarchon prune``)."""
+
+    @abc.abstractmethod
+    def stored_jobs(self) -> list[str]:
+        """The jobs that have a cursor, run records or history under the prefix, sorted. Raises
+        BrokerUnavailable when the store cannot be read."""
+
+    @abc.abstractmethod
+    def forget_job(self, job: str) -> None:
+        """Delete ``job``'s cursor, run records and history under the prefix: a removed job's
+        state, which is otherwise kept for ever. Raises BrokerUnavailable when it cannot."""
+
+
+class StreamHistory(abc.ABC):
+    """A backend that keeps each job's history in a queue of the broker (RabbitMQ's streams),
+    which it cannot list (AMQP has no listing): ``celery anarchon prune`` finds them by name."""
+
+    @abc.abstractmethod
+    def history_streams(self, jobs: Iterable[str]) -> dict[str, bool]:
+        """Whether each job's history stream exists (opening the backend). Raises BrokerError
+        when it cannot look."""
+
+    @abc.abstractmethod
+    def listed_streams(self, rabbitmqctl: str) -> list[str]:
+        """The stream queues of the backend's vhost, as ``rabbitmqctl list_queues`` (a command
+        line) shows them; it leaves out queues too busy to answer. Raises BrokerError, saying
+        why, when the command fails."""
+
+    @abc.abstractmethod
+    def delete_history_stream(self, job: str) -> str:
+        """Delete ``job``'s history stream (its history with it); returns the stream's name."""
+
+
 class Backend(abc.ABC):
     """Decides who runs each slot. Implementations document what they guarantee."""
 
@@ -292,6 +330,19 @@ class Backend(abc.ABC):
     def lease_store(self) -> LeaseStore | None:
         """This backend's leases, or None for a claim-only backend."""
         return self if isinstance(self, LeaseStore) else None
+
+    @property
+    def job_state(self) -> JobState | None:
+        """This backend's state per job, if it can list it; else None."""
+        return self if isinstance(self, JobState) else None
+
+    @property
+    def stream_history(self) -> StreamHistory | None:
+        """This backend's history streams, if it keeps history in the broker's queues; else None."""
+        return self if isinstance(self, StreamHistory) else None
+
+    #: Whether runs are decided on several nodes of a cluster, any of which may be lost.
+    on_several_nodes: bool = False
 
     def prepare(self, claims: Sequence[Claim]) -> None:
         """Get ready for claims to come shortly (within the scheduler's ``lead_ms``), so that

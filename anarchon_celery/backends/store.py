@@ -29,6 +29,7 @@ from .base import (
     Backend,
     Claim,
     Finding,
+    JobState,
     LeaseStore,
     MissedRuns,
     Outcome,
@@ -73,7 +74,7 @@ _Store = TypeVar("_Store", bound="StoreBackend")
 CLOCK_WARNING_MS = 1_000
 
 
-class StoreBackend(Backend, LeaseStore):
+class StoreBackend(Backend, LeaseStore, JobState):
     """A backend whose store decides each job's runs in slot order behind a cursor."""
 
     forgets_runs = False
@@ -363,16 +364,6 @@ class StoreBackend(Backend, LeaseStore):
         """The store's identity, made at its first use; may raise the store's errors."""
 
     # -- what removed jobs leave ---------------------------------------------------------------
-
-    @abc.abstractmethod
-    def stored_jobs(self) -> list[str]:
-        """The jobs that have a cursor, run records or history under the prefix, sorted. Raises
-        BrokerUnavailable when the store cannot be read."""
-
-    @abc.abstractmethod
-    def forget_job(self, job: str) -> None:
-        """Delete ``job``'s cursor, run records and history under the prefix: a removed job's
-        state, which is otherwise kept for ever. Raises BrokerUnavailable when it cannot."""
 
     def _after_claims(self) -> None:
         """Housekeeping after each claim call (pruning old records); never raises."""

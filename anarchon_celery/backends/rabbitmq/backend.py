@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
+import shlex
+import subprocess
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import amqp
 from kombu import Connection
 
 from ...connections import keep_alive, negotiated_heartbeat
-from ...errors import BrokerRefused, BrokerUnavailable, ConfigError
+from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ...jobs import Job, live_gates
-from ..base import Backend, Claim, Finding, Outcome, check_prefix, check_slot_ttl
+from ..base import Backend, Claim, Finding, Outcome, StreamHistory, check_prefix, check_slot_ttl
 from . import survey
 from .ahead import DeclaresAhead
 from .claims import Claimer
@@ -38,7 +41,7 @@ from .streams import Streams
 logger = logging.getLogger(__name__)
 
 
-class RabbitMQBackend(Backend):
+class RabbitMQBackend(Backend, StreamHistory):
     """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
 
     Arguments:
@@ -165,6 +168,57 @@ class RabbitMQBackend(Backend):
         self._ahead.close(broken=True)
 
     forgets_text = "after a gate expires, RabbitMQ forgets"
+
+    @property
+    def on_several_nodes(self) -> bool:  # type: ignore[override]
+        return self.link.several_nodes
+
+    def history_streams(self, jobs: Iterable[str]) -> dict[str, bool]:
+        """Whether each job's history stream exists: a passive declare each, on this backend's
+        connection (which it opens)."""
+        self.open()
+        connection = self.connection
+        found: dict[str, bool] = {}
+        try:
+            channel = connection.connection.channel()
+            for job in jobs:
+                try:
+                    channel.queue_declare(history_name(self.prefix, job), passive=True)
+                    found[job] = True
+                except amqp.exceptions.NotFound:  # closes the channel
+                    found[job] = False
+                    channel = connection.connection.channel()
+            channel.close()
+        except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
+            raise BrokerError(f"cannot look up history streams at {connection.as_uri()}: {exc}") from exc
+        return found
+
+    def listed_streams(self, rabbitmqctl: str) -> list[str]:
+        vhost = self.connection.virtual_host or "/"
+        command = [*shlex.split(rabbitmqctl), "-q", "list_queues", "-p", vhost, "--formatter", "json", "name", "type"]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120, check=False
+            )
+            if done.returncode != 0:
+                lines = (done.stderr or done.stdout).strip().splitlines()
+                raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else 'no output'}")
+            rows = json.loads(done.stdout or "[]")
+            return [row["name"] for row in rows if row.get("type") == "stream"]
+        except Exception as exc:  # noqa: BLE001 - not found, refused, timed out, unreadable: one line
+            raise BrokerError(f"{rabbitmqctl} failed ({type(exc).__name__}: {exc})") from None
+
+    def delete_history_stream(self, job: str) -> str:
+        name = history_name(self.prefix, job)
+        self.open()
+        connection = self.connection
+        try:
+            channel = connection.connection.channel()
+            channel.queue_delete(name)
+            channel.close()
+        except connection.connection_errors + connection.channel_errors + (OSError,) as exc:
+            raise BrokerError(f"cannot delete {name} at {connection.as_uri()}: {exc}") from exc
+        return name
 
     def check_job(self, job: Job, lead_ms: int = 0) -> None:
         """A job's queue names must fit RabbitMQ's limit; and the seed's safety rule."""
