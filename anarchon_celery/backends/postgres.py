@@ -30,6 +30,7 @@ from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend, _first_line, _Placeholders
+from .sql_schema import POSTGRES, TABLES, columns_missing, create_sql
 from .store import DEFAULT_LEASE_MS, Answer
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresBackend"]
@@ -44,37 +45,7 @@ HANDBACK_CHANNEL = "anarchon_handback"
 #: The server's clock as it is now, not at the transaction's start: read once rows are locked.
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-_TABLES = """
-CREATE TABLE IF NOT EXISTS anarchon_jobs (
-    prefix text NOT NULL, job text NOT NULL,
-    cursor bigint NOT NULL,                -- every slot at or below it is decided
-    PRIMARY KEY (prefix, job)
-);
-CREATE TABLE IF NOT EXISTS anarchon_runs (
-    prefix text NOT NULL, job text NOT NULL, slot bigint NOT NULL,
-    holder text NOT NULL,                  -- the instance that runs it
-    token integer NOT NULL,                -- fencing token: 1 for the first winner, +1 a takeover
-    state text NOT NULL,                   -- claimed, sent, started
-    decided_ms bigint NOT NULL,            -- the server's time of the win
-    deadline_ms bigint,                    -- the latest the run may be sent
-    PRIMARY KEY (prefix, job, slot)
-);
-ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS lease_end_ms bigint NOT NULL DEFAULT 0;  -- the holder's lease
-ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS backups integer NOT NULL DEFAULT 0;  -- backups armed
-CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
-CREATE TABLE IF NOT EXISTS anarchon_events (
-    id bigserial PRIMARY KEY,
-    prefix text NOT NULL, job text NOT NULL,
-    event text NOT NULL
-);
-CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
-CREATE TABLE IF NOT EXISTS anarchon_peers (
-    id bigserial PRIMARY KEY,
-    prefix text NOT NULL, instance text NOT NULL,
-    announcement text NOT NULL,
-    at_ms bigint NOT NULL
-);
-"""
+_TABLES = "\n" + create_sql(POSTGRES)
 
 
 def _psycopg() -> Any:
@@ -367,15 +338,19 @@ _LOGIN_REFUSED = re.compile(
 
 
 def _schema_complete(db: Any) -> bool:
-    """Whether anarchon's tables are there with every column this release writes (the last one
-    added, ``anarchon_runs.backups``, says so), read from the catalog without taking locks."""
+    """Whether anarchon's tables are there with every column this release writes, read from the
+    catalog without taking locks."""
+    names = [table.name for table in TABLES if POSTGRES in table.dialects]
     with db.transaction():
-        row = db.execute(
-            "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND "
-            "((table_name = 'anarchon_runs' AND column_name = 'backups') OR "
-            "(table_name IN ('anarchon_jobs', 'anarchon_events', 'anarchon_peers') AND column_name = 'prefix'))"
-        ).fetchone()
-    return bool(row and row[0] == 4)
+        rows = db.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = ANY(%s)",
+            (names,),
+        ).fetchall()
+    existing: dict[str, set[str]] = {}
+    for table, column in rows:
+        existing.setdefault(table, set()).add(column)
+    return not columns_missing(POSTGRES, existing)
 
 
 def _shown(url: str) -> str:

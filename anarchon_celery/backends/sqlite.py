@@ -27,6 +27,7 @@ from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
 from .sql import SqlBackend
+from .sql_schema import SQLITE, TABLES, columns_missing, create_sql
 from .store import DEFAULT_LEASE_MS, Answer
 
 __all__ = ["NETWORK_FILE_SYSTEMS", "SQLiteBackend", "network_file_system", "sqlite_path"]
@@ -44,43 +45,7 @@ NETWORK_FILE_SYSTEMS = frozenset(
 SCHEMA = 2
 #: Rows telling of leases handed back are deleted after this long.
 HANDBACKS_KEPT_MS = 3_600_000
-_TABLES = """
-CREATE TABLE IF NOT EXISTS anarchon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS anarchon_jobs (
-    prefix TEXT NOT NULL, job TEXT NOT NULL,
-    cursor INTEGER NOT NULL,              -- every slot at or below it is decided
-    PRIMARY KEY (prefix, job)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS anarchon_runs (
-    prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
-    holder TEXT NOT NULL,                 -- the instance that runs it
-    token INTEGER NOT NULL,               -- fencing token: 1 for the first winner, +1 a takeover
-    state TEXT NOT NULL,                  -- claimed, sent, started
-    decided_ms INTEGER NOT NULL,          -- the store's time of the win
-    deadline_ms INTEGER,                  -- the latest the run may be sent
-    lease_end_ms INTEGER NOT NULL DEFAULT 0,  -- the holder's lease, until then
-    backups INTEGER NOT NULL DEFAULT 0,   -- backups armed
-    PRIMARY KEY (prefix, job, slot)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS anarchon_runs_decided ON anarchon_runs (decided_ms);
-CREATE TABLE IF NOT EXISTS anarchon_events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    prefix TEXT NOT NULL, job TEXT NOT NULL,
-    event TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS anarchon_events_job ON anarchon_events (prefix, job, id);
-CREATE TABLE IF NOT EXISTS anarchon_handbacks (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    prefix TEXT NOT NULL, job TEXT NOT NULL, slot INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS anarchon_peers (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    prefix TEXT NOT NULL, instance TEXT NOT NULL,
-    announcement TEXT NOT NULL,
-    at_ms INTEGER NOT NULL
-);
-"""
+_TABLES = create_sql(SQLITE)
 
 
 #: SQLite's primary result codes that trying again cannot cure: SQLITE_PERM, SQLITE_READONLY,
@@ -156,13 +121,18 @@ def network_file_system(path: str | os.PathLike[str], mounts: str | None = None)
 
 
 def _upgrade(db: sqlite3.Connection) -> None:
-    """Bring a file of schema 1 (runs without leases) to schema 2, once, under the write lock."""
+    """Add the columns an older file lacks (schema 1: runs without leases), once, under the write
+    lock, and say the file is of this release's schema."""
     db.execute("BEGIN IMMEDIATE")
     try:
-        if db.execute("SELECT value FROM anarchon_meta WHERE key = 'schema'").fetchone()[0] == "1":
-            db.execute("ALTER TABLE anarchon_runs ADD COLUMN lease_end_ms INTEGER NOT NULL DEFAULT 0")
-            db.execute("ALTER TABLE anarchon_runs ADD COLUMN backups INTEGER NOT NULL DEFAULT 0")
-            db.execute("UPDATE anarchon_meta SET value = '2' WHERE key = 'schema'")
+        existing = {
+            table.name: {row[1] for row in db.execute(f"PRAGMA table_info({table.name})")}
+            for table in TABLES
+            if SQLITE in table.dialects
+        }
+        for statement in columns_missing(SQLITE, existing):
+            db.execute(statement)
+        db.execute("UPDATE anarchon_meta SET value = ? WHERE key = 'schema' AND value = '1'", (str(SCHEMA),))
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
