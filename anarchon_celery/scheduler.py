@@ -222,15 +222,15 @@ class Scheduler(beat.Scheduler):
         """Until the next thing to do: a run or a declare due, the backend's or the task
         connection's heartbeat, a hand-back to listen for, a store to tell again."""
         now = clock.now_ms()
+        # A backup listens for its runs' leases handed back, to take them over at once.
+        handbacks = HANDBACK_POLL_S if self._plan.queue.has_backups() else None
         limits = [
             float(self.max_interval),
             backend.max_idle_s(),
             self.tasks.wake_within_s(),
             self._plan.queue.wait_s(now),
             self._plan.prepares.wait_s(now),
-            HANDBACK_POLL_S
-            if self._plan.queue.has_backups()
-            else None,  # taken over without waiting for the lease's end
+            handbacks,
             self.leases.wake_within_s() if self.leases is not None else None,
         ]
         return min(limit for limit in limits if limit is not None)
