@@ -26,7 +26,8 @@ from tests.support.stores import delete_postgres_rows, delete_redis_keys  # noqa
 #
 # The suite runs in several processes (pytest-xdist). Tests that use this machine's services
 # (RabbitMQ, Redis, PostgreSQL) share them, each under a prefix of its own; a test that stops or
-# cuts a service for everyone (marked ``exclusive``) runs alone: it takes the services' lock for
+# cuts a service for everyone, or runs the demo, which holds its runs to wall-clock bounds (marked
+# ``exclusive``), runs alone: it takes the services' lock for
 # itself, while every other test that touches a service holds it shared. A test waiting for the
 # lock for itself keeps new tests from taking it shared meanwhile, so it is not starved.
 

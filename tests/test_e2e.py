@@ -38,6 +38,7 @@ def assert_exactly_once(result: dict) -> None:
     assert sum(1 for run in result["runs"] if run["taken_over_by"]) <= 1, result["runs"]
 
 
+@pytest.mark.exclusive  # the demo's runs, held to its wall-clock bounds: not beside other tests
 @pytest.mark.timeout(300)
 def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -> None:
     result = demo.run(beats=3, duration=30)
@@ -66,6 +67,7 @@ def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -
     assert "RuntimeError: this job fails on purpose" in result["cli"]["history"]
 
 
+@pytest.mark.exclusive  # the demo's runs, held to its wall-clock bounds: not beside other tests
 @pytest.mark.timeout(240)
 def test_three_beats_on_sqlite_with_the_tasks_as_files_need_no_broker() -> None:
     """The demo a machine without RabbitMQ runs: claims in a SQLite file, tasks over kombu's
@@ -98,11 +100,13 @@ def test_without_rabbitmq_the_demo_says_so_and_chooses_sqlite(capsys: pytest.Cap
     assert demo.choose_backend("sqlite", nowhere, default=nowhere) == "sqlite"
 
 
+@pytest.mark.exclusive  # the demo's runs, held to its wall-clock bounds: not beside other tests
 @pytest.mark.timeout(240)
 def test_schedulers_embedded_in_two_workers(broker_url: str) -> None:
     assert_exactly_once(demo.run(beats=2, duration=20, embedded=True))
 
 
+@pytest.mark.exclusive  # the demo's runs, held to its wall-clock bounds: not beside other tests
 @pytest.mark.timeout(240)
 def test_the_demo_command(broker_url: str) -> None:
     done = subprocess.run(
