@@ -19,7 +19,6 @@ the node and outages), :mod:`.declaring` (queues that exist with other arguments
 definitions compared with the other instances), and :mod:`.backend`, which puts them together.
 """
 
-from ...connections import reset_connection
 from .backend import RabbitMQBackend
 from .link import AMQP_SCHEMES, app_connection_options, check_server, node_urls
 from .names import gate_arguments, gate_name, history_arguments, history_name
@@ -34,5 +33,4 @@ __all__ = [
     "history_arguments",
     "history_name",
     "node_urls",
-    "reset_connection",
 ]
