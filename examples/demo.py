@@ -395,10 +395,20 @@ def _report(
     window_start: int,
     window_end: int,
 ) -> dict[str, Any]:
-    # The jobs, as the scheduler sees them: import the demo app with the same settings.
-    os.environ.update({k: env[k] for k in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER")})
-    sys.path.insert(0, str(HERE))
-    import demo_app
+    # The jobs, as the scheduler sees them: import the demo app with the same settings. The
+    # environment is this process's only while the app is imported: a later run of the demo, or a
+    # process started by this one, must not inherit this run's broker (the SQLite run's is a folder).
+    saved = {key: os.environ.get(key) for key in ("ANARCHON_DEMO_PREFIX", "ANARCHON_DEMO_BROKER")}
+    os.environ.update({key: env[key] for key in saved})
+    try:
+        sys.path.insert(0, str(HERE))
+        import demo_app
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
     # This run's settings, also when an earlier run of this process imported the app first.
     store = env.get("ANARCHON_DEMO_BACKEND") or None

@@ -72,8 +72,12 @@ def test_three_beats_and_a_worker_run_every_slot_exactly_once(broker_url: str) -
 def test_three_beats_on_sqlite_with_the_tasks_as_files_need_no_broker() -> None:
     """The demo a machine without RabbitMQ runs: claims in a SQLite file, tasks over kombu's
     filesystem:// transport, history in the file, read back by the commands."""
+    before = {key: os.environ.get(key) for key in ("ANARCHON_DEMO_BROKER", "ANARCHON_DEMO_PREFIX")}
     result = demo.run(beats=3, duration=20, backend="sqlite")
     assert_exactly_once(result)
+    # This process's environment is as it was: a demo started after this one (test_the_demo_command,
+    # in the same test process) would otherwise send its tasks to this run's folder.
+    assert {key: os.environ.get(key) for key in before} == before
     assert len({run["winners"][0] for run in result["runs"]}) > 1
     recorded = {run["run_id"]: run for runs in result["history"].values() for run in runs}
     for run in result["runs"]:
