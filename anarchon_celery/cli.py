@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from . import clock
+from . import clock, docs
 from .backends import JobState, StreamHistory
 from .backends.base import Finding, checked
 from .control import (
@@ -318,8 +318,7 @@ def _task_queues(classic: list[str]) -> Finding:
         f"task queue(s) {', '.join(classic)} are classic queues on a cluster: each lives on one node, and "
         "when that node is lost the beats' sends fail (404, its home node is down) and the workers "
         "consuming it exit. Declare them quorum queues: task_default_queue_type = 'quorum' (Celery 5.5), "
-        "or Queue(..., queue_arguments={'x-queue-type': 'quorum'}); see 'The task side of a cluster' in "
-        "the README",
+        f"or Queue(..., queue_arguments={{'x-queue-type': 'quorum'}}); see {docs.TASK_SIDE_OF_A_CLUSTER}",
         warn=True,
     )
 

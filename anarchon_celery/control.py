@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import clock
+from . import clock, docs
 from .backends import Backend, StreamHistory, backend_for
 from .backends.rabbitmq import history_name
 from .errors import ConfigError
@@ -103,7 +103,8 @@ def check_prefix_unshared(deployment: Deployment) -> None:
             f"{backend.describe()} keeps runs of job(s) {shown} under the prefix {LEGACY_PREFIX!r}, the default "
             f"of earlier releases, and this one's default for the app is {backend.prefix!r}. If they are this "
             f"deployment's, set anarchon_prefix = {LEGACY_PREFIX!r} for every beat and worker (instances on two "
-            f"prefixes would each send every run); if another project's, set anarchon_prefix = {backend.prefix!r}"
+            f"prefixes would each send every run); if another project's, set anarchon_prefix = {backend.prefix!r} "
+            f"(see {docs.UPGRADING_FROM_CRON})"
         )
 
 

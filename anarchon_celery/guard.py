@@ -16,6 +16,8 @@ from typing import Any
 
 from celery.signals import beat_init, celeryd_after_setup
 
+from . import docs
+
 __all__ = ["foreign_scheduler_error"]
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ def foreign_scheduler_error(app: Any, scheduler: Any, *, embedded: bool, statedb
         message += f"Start the worker with `-B --scheduler {OURS}` or set beat_scheduler = {OURS!r}"
         if statedb and os.path.basename(statedb).startswith("anarchon_celery"):
             message += f" (for `celery worker`, -S is --statedb: it made a state file {statedb!r})"
+        message += f". See {docs.EMBEDDED_SCHEDULER}"
     else:
         message += f"Start it with `celery beat -S {OURS}` or set beat_scheduler = {OURS!r}"
     return message

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from kombu.exceptions import SerializerNotInstalled
 from kombu.serialization import dumps
 
+from . import docs
 from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
 from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_minimum
@@ -50,7 +51,7 @@ def claim_only(title: str) -> str:
     """Why a backend without leases (``title``, as "the RabbitMQ backend") takes no lease option."""
     return (
         f"{title} is claim only (a winner that dies before sending loses its run). Use a backend "
-        "that holds leases: anarchon_backend = 'redis://…', 'postgresql://…' or 'sqlite:///…'"
+        f"that holds leases: anarchon_backend = 'redis://…', 'postgresql://…' or 'sqlite:///…' (see {docs.CLAIM_ONLY})"
     )
 
 

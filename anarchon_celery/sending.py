@@ -31,7 +31,7 @@ from amqp.exceptions import MessageNacked
 from kombu.common import ignore_errors
 from kombu.exceptions import OperationalError
 
-from . import clock
+from . import clock, docs
 from .confirms import ConfirmTracker
 from .connections import NodeLog, keep_alive, negotiated_heartbeat, reset_connection
 from .history import encode_event
@@ -509,8 +509,7 @@ def _hint_for(error: BaseException) -> str:
     if "home node" in str(error):  # RabbitMQ: a classic queue whose node is down or unreachable
         return (
             ". The task queue is a classic queue that lives on a cluster node now lost: declare the task "
-            "queues quorum queues (task_default_queue_type = 'quorum'), see 'The task side of a cluster' "
-            "in the README"
+            f"queues quorum queues (task_default_queue_type = 'quorum'), see {docs.TASK_SIDE_OF_A_CLUSTER}"
         )
     return ""
 

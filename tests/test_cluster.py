@@ -221,7 +221,7 @@ def test_with_the_documented_settings_a_worker_executes_every_run_through_a_node
     urls: list[str], tmp_path: Path
 ) -> None:
     """Two beats and a real worker on the cluster, with quorum task queues and no remote control
-    (README: 'The task side of a cluster'); node 1, which every one of them reaches first, is
+    (docs/operations.md#the-task-side-of-a-cluster); node 1, which every one of them reaches first, is
     SIGKILLed and started again: every run is executed, once."""
     from anarchon_celery import task_id_for
 

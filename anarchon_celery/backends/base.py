@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import docs
 from ..errors import AnarchonError, ConfigError
 
 if TYPE_CHECKING:
@@ -465,7 +466,8 @@ class Backend(abc.ABC):
             raise ConfigError(
                 f"job {job.name!r}: {lead}jitter_ms + max_late_ms ({lead_value}{job.jitter_ms} + {job.max_late_ms} "
                 f"ms) must be shorter than slot_ttl_ms ({self.slot_ttl_ms} ms): {self.forgets_text} the run was "
-                "taken and a late instance could run it again. Lower them or raise anarchon_slot_ttl_ms"
+                "taken and a late instance could run it again. Lower them or raise anarchon_slot_ttl_ms "
+                f"(see {docs.SAFETY_RULE})"
             )
 
     def job_warnings(self, jobs: Sequence[Job], now_ms: int) -> list[str]:

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .. import docs
+
 __all__ = ["Peers"]
 
 logger = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class Peers:
 
 def _consequence(mine: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None) -> str:
     """What a disagreement does to the job's runs, and what to do."""
-    same = "Give every instance the same configuration (see 'Rolling deploys' in the README)"
+    same = f"Give every instance the same configuration (see {docs.ROLLING_DEPLOYS})"
     if mine is None or theirs is None:
         return f"Only the instances that have the job run it. {same}"
     if mine.get("schedule") != theirs.get("schedule"):

@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
@@ -189,7 +190,8 @@ class RedisBackend(StoreBackend):
         if not self.allow_eviction:
             raise BrokerRefused(
                 f"{risk}. Set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and "
-                "in redis.conf), or accept the risk with allow_eviction=1 in the backend's URL"
+                "in redis.conf), or accept the risk with allow_eviction=1 in the backend's URL "
+                f"(see {docs.REDIS_NEEDS})"
             )
         logger.warning("anarchon: %s; allow_eviction is set, so the backend runs on it", risk)
 

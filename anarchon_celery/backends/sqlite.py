@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .ordered import decide
@@ -189,10 +190,11 @@ class SQLiteBackend(SqlBackend):
             logger.warning(
                 "anarchon: the SQLite path %r is relative: this process opens %s (from its working "
                 "directory); an instance started elsewhere would open another file and run every job "
-                "again. Give an absolute path: sqlite:///%s",
+                "again. Give an absolute path: sqlite:///%s (see %s)",
                 self._relative,
                 self.path,
                 self.path,
+                docs.SQLITE_NEEDS,
             )
             self._relative = None
         with self._lock:

@@ -18,6 +18,8 @@ import os
 import threading
 import time
 
+from .. import docs
+
 __all__ = ["WINDOW_S", "forget", "notice"]
 
 logger = logging.getLogger(__name__)
@@ -53,10 +55,11 @@ def notice(job: object, place: object, instance: object) -> None:
         "anarchon: the runs of job %r are decided in %d places, by instances that cannot see each other's "
         "claims: %s. Each place sends every run, so each run is executed once per place. Give every beat "
         "the same anarchon_backend and anarchon_prefix (a SQLite path absolute: a relative one is read "
-        "from each process's working directory), and stop the instances of the wrong one",
+        "from each process's working directory), and stop the instances of the wrong one (see %s)",
         job,
         len(places),
         shown,
+        docs.CANNOT_SEE_EACH_OTHER,
     )
 
 

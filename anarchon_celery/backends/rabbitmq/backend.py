@@ -15,6 +15,7 @@ from typing import Any
 import amqp
 from kombu import Connection
 
+from ... import docs
 from ...connections import keep_alive, negotiated_heartbeat
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ...jobs import Job, live_gates
@@ -262,7 +263,7 @@ class RabbitMQBackend(Backend, StreamHistory):
             "history streams alive at once. RabbitMQ holds about one file per gate while it recovers them "
             "after a restart, and two per stream; RabbitMQ 3.10 hangs when they outnumber its open-file "
             f"limit (1,024 in some packages). Raise that limit well above {gates + 2 * streams} (LimitNOFILE), "
-            "lower anarchon_slot_ttl_ms, or set history_size 0 where history is not needed"
+            f"lower anarchon_slot_ttl_ms, or set history_size 0 where history is not needed (see {docs.FILE_LIMITS})"
         ]
 
     def describe(self) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
+from ... import docs
 from ...errors import BrokerError, ConfigError
 from ..base import Finding, checked
 from .link import check_server, refusal, text
@@ -142,7 +143,8 @@ def judge(answers: list[NodeAnswer]) -> Judgement:
         partitions = (
             "RabbitMQ 3.x cluster: exactly once across a network partition needs cluster_partition_handling "
             "= pause_minority (with the default, ignore, both sides of a partition can win the same run). "
-            "A client cannot see the setting: `celery anarchon check --rabbitmqctl ...` reads it"
+            "A client cannot see the setting: `celery anarchon check --rabbitmqctl ...` reads it "
+            f"(see {docs.NETWORK_PARTITIONS})"
         )
     return Judgement(errors, unanswered, versions, partitions)
 
