@@ -1,10 +1,9 @@
 """The places in the documentation that log messages and errors point at.
 
 Each is a page of the site built from ``docs/`` and an anchor on it, written as the page's source
-file (``docs/operations.md#rolling-deploys``): the same words find it in a checkout, on the
-repository's web page and, as ``operations.html#rolling-deploys``, in the built site. A message
-names one of these constants, never a heading by its text; ``tests/test_docs.py`` checks that
-each exists in the built site.
+file (``docs/operations.md#rolling-deploys``): the file in a checkout, and the page
+``operations.html#rolling-deploys`` of the built site. A message names one of these constants,
+never a heading by its text; ``tests/test_docs.py`` checks that each exists in the built site.
 """
 
 from __future__ import annotations
