@@ -22,6 +22,7 @@ from .jobs import Job, cron, task_id_for
 from .schedule import Cron, Interval, Schedule
 from .scheduler import Scheduler
 from .settings import Settings
+from .task_run import ScheduledRun, scheduled_run
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,9 @@ __all__ = [
     # Running it
     "Scheduler",
     "cron",
+    # In a task: the run it executes
+    "scheduled_run",
+    "ScheduledRun",
     # History and manual runs
     "history",
     "last_run",

@@ -3,7 +3,7 @@
 transport (nothing to install).
 
 Each task appends one JSON line per execution to the file named by ``ANARCHON_DEMO_LOG``, with the
-task id and the ``anarchon_*`` headers the scheduler sent it with.
+task id and the job and slot the scheduler sent it for (``anarchon_celery.scheduled_run``).
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ if os.environ.get("ANARCHON_DEMO_FOLDER"):  # kombu's filesystem:// transport: m
 
 
 def _record(task, **extra) -> None:
-    headers = task.request.headers or {}
+    run = anarchon_celery.scheduled_run(task.request)  # the job and slot the scheduler sent it for
     line = {
         "task_id": task.request.id,
         "task": task.name,
-        "job": headers.get("anarchon_job", task.request.get("anarchon_job")),
-        "slot": headers.get("anarchon_slot", task.request.get("anarchon_slot")),
+        "job": run.job if run else None,
+        "slot": run.slot_ms if run else None,
         "pid": os.getpid(),
         **extra,
     }

@@ -265,7 +265,7 @@ def test_a_run_folds_the_same_in_any_order_and_with_events_written_twice(
 def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
     from types import SimpleNamespace
 
-    from anarchon_celery.worker.history import run_headers_of
+    from anarchon_celery.task_run import run_headers_of
 
     assert run_headers_of(SimpleNamespace(headers=None)) is None
     assert run_headers_of(SimpleNamespace(headers={"other": 1})) is None

@@ -40,9 +40,10 @@ from celery.signals import task_postrun, task_prerun, task_revoked, worker_proce
 
 from .. import clock
 from ..history import encode_event
+from ..task_run import run_headers_of
 from . import splits, start_check
 
-__all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush", "run_headers_of"]
+__all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,26 +66,6 @@ DROP_WARNING_S = 10.0
 _lock = threading.Lock()
 #: Per process (a prefork child must not share its parent's connection) and per app.
 _writers: dict[tuple[int, int], _Writer] = {}
-
-
-def run_headers_of(request: Any) -> dict[str, Any] | None:
-    """The ``anarchon_*`` headers of a task request, or None for tasks the scheduler did not send."""
-    headers = getattr(request, "headers", None) or {}
-    run = headers.get("anarchon_run") or getattr(request, "anarchon_run", None)
-    if not run:
-        return None
-
-    def get(key: str) -> Any:
-        return headers.get(key, getattr(request, key, None))
-
-    return {
-        "run": run,
-        "job": get("anarchon_job"),
-        "slot": get("anarchon_slot"),
-        "trigger": get("anarchon_trigger"),
-        "instance": get("anarchon_instance"),
-        "place": get("anarchon_place"),
-    }
 
 
 class _Event(NamedTuple):
