@@ -2,9 +2,9 @@
 
 A run is written as small events keyed by its run id: ``sent`` by the beat that won it (or by
 ``run_now``), then ``running`` and ``succeeded`` or ``failed`` by the worker. Task arguments and
-results are never recorded. A run whose worker died stays ``running``: nothing can tell it stopped.
+results are never recorded.
 
-Two more kinds tell of runs that went otherwise:
+Three more kinds tell of runs that went otherwise:
 
 * ``unsent`` (from the beat): the run was won but its task could not be sent, with the error. A
   task written but not confirmed may still arrive and run, so a later ``running`` supersedes it.
@@ -12,15 +12,19 @@ Two more kinds tell of runs that went otherwise:
   a ``reason``: ``revoked`` (by id, before it ran), ``expired`` (its ``expires`` had passed when a
   worker got it) or ``terminated`` (stopped while running; ``error`` then names the signal). A task
   the broker dropped unseen (a message TTL) leaves no such event: its run stays ``sent``.
+* ``abandoned`` (from the worker's main process): the pool process running the task died (Celery's
+  ``WorkerLostError``, with ``error`` saying how), and the run will not be run again: its message
+  was not put back in the queue. A run whose whole worker died (nothing left to tell) still stays
+  ``running``.
 
 A run's ``status`` is the kind of its most advanced event: ``sent`` or ``unsent`` (rank 0), then
-``running`` (1), then ``succeeded``, ``failed`` or ``revoked`` (2, final); between two events of one
+``running`` (1), then ``succeeded``, ``failed``, ``revoked`` or ``abandoned`` (2, final); between two events of one
 rank, the later one in the stream counts. ``Run.reason`` is a revoked run's reason (so an expired
 task is status ``revoked``, reason ``expired``), None for any other status; ``error_type`` and
-``error`` are those of a ``failed``, ``revoked`` or ``unsent`` status.
+``error`` are those of a ``failed``, ``revoked``, ``abandoned`` or ``unsent`` status.
 
-Version 1 of the JSON form gained ``unsent`` and ``revoked``; a reader that predates them skips
-them, as it skips anything not of ours. Pure: no I/O.
+Version 1 of the JSON form gained ``unsent``, ``revoked`` and ``abandoned``; a reader that
+predates them skips them, as it skips anything not of ours. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -34,13 +38,13 @@ __all__ = ["EVENTS", "REVOKE_REASONS", "Run", "decode_event", "encode_event", "f
 
 SCHEMA = 1
 #: Every kind of event, roughly in the order a run goes through them.
-EVENTS = ("sent", "unsent", "running", "succeeded", "failed", "revoked")
+EVENTS = ("sent", "unsent", "running", "succeeded", "failed", "revoked", "abandoned")
 #: The most events one run gets (not counting an event written twice): sent or unsent, running,
 #: and a final one.
 EVENTS_PER_RUN = 3
 #: Why a task was revoked: the ``reason`` of a ``revoked`` event.
 REVOKE_REASONS = ("revoked", "expired", "terminated")
-_RANK = {"sent": 0, "unsent": 0, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2}
+_RANK = {"sent": 0, "unsent": 0, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2, "abandoned": 2}
 #: Error messages are cut to this many characters.
 MAX_ERROR_CHARS = 500
 #: Fields each event may carry besides its kind, run, job and time.
@@ -52,6 +56,7 @@ _FIELDS = {
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
     "revoked": ("worker", "reason", "error"),
+    "abandoned": ("worker", "error_type", "error"),
 }
 
 
@@ -94,7 +99,7 @@ class Run:
 
     run_id: str
     job: str
-    status: str  # sent, unsent, running, succeeded, failed or revoked
+    status: str  # sent, unsent, running, succeeded, failed, revoked or abandoned
     trigger: str | None  # "schedule" or "manual"; None when the sent event was trimmed away
     slot: int | None
     task_id: str | None
@@ -103,7 +108,7 @@ class Run:
     worker: str | None
     sent_at_ms: int | None  # when that instance's message was written
     started_at_ms: int | None
-    finished_at_ms: int | None  # when it succeeded, failed or was revoked
+    finished_at_ms: int | None  # when it succeeded, failed, was revoked or abandoned
     error_type: str | None
     error: str | None
     reason: str | None = None  # a revoked run's: revoked, expired or terminated

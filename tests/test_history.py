@@ -213,6 +213,7 @@ OPTIONAL = {
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
     "revoked": ("worker", "error"),
+    "abandoned": ("worker", "error_type", "error"),
 }
 REQUIRED = {"revoked": ("reason",)}
 

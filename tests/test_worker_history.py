@@ -30,7 +30,7 @@ from .support.proxy import Proxy
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
 ROOT = Path(__file__).resolve().parent.parent
-FINAL = ("succeeded", "failed", "revoked")
+FINAL = ("succeeded", "failed", "revoked", "abandoned")
 
 
 class Worker:
@@ -105,6 +105,7 @@ def send_runs(
     count: int = 0,
     args: Sequence[Any] = (),
     ids: Sequence[str] = (),
+    **send_options: Any,
 ) -> list[str]:
     """Runs of ``job`` (``count`` new ones, or those of run ids ``ids``) sent as the scheduler sends
     them (run id as task id, the run headers), each with its ``sent`` event; their run ids."""
@@ -114,7 +115,7 @@ def send_runs(
     with app.producer_or_acquire() as producer:
         for n, run in enumerate(runs):
             headers = {"anarchon_job": job, "anarchon_slot": n, "anarchon_run": run, "anarchon_trigger": "manual"}
-            options = dict(spec.get("options", {}), task_id=run, headers=headers, producer=producer)
+            options = dict(spec.get("options", {}), **send_options, task_id=run, headers=headers, producer=producer)
             app.send_task(spec["task"], args=list(args), **options)
             event = encode_event(
                 "sent", run=run, job=job, at_ms=int(time.time() * 1000), slot=n, task_id=run, task=spec["task"]
@@ -204,6 +205,40 @@ def test_a_task_terminated_while_running_is_a_revoked_run_with_reason_terminated
         run = wait_for_run(app, "waiting", run_id)  # written by the worker's main process
     assert (run.status, run.reason, run.error) == ("revoked", "terminated", "signal 15"), run
     assert run.started_at_ms is not None and run.finished_at_ms is not None
+
+
+def _pool_processes(parent: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def test_a_run_whose_pool_process_died_is_abandoned_with_the_worker_named(
+    broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The pool process running a run's task is SIGKILLed: the worker's main process records the
+    run abandoned (it stayed running before), naming the worker, and the worker goes on."""
+    app = worker_app.make_app(prefix)
+    with worker(prefix, tmp_path, "--pool=prefork", "--concurrency=1") as w:
+        (run_id,) = send_runs(app, broker_url, prefix, "waiting", 1, args=[str(tmp_path / "never")])
+        wait_for_run(app, "waiting", run_id, ["running"])
+        (child,) = _pool_processes(w.proc.pid)
+        os.kill(child, signal.SIGKILL)
+        run = wait_for_run(app, "waiting", run_id)
+        (after,) = send_runs(app, broker_url, prefix, "quick", 1)  # a new pool process runs the next
+        assert wait_for_run(app, "quick", after).status == "succeeded"
+    assert (run.status, run.error_type, run.worker) == ("abandoned", "WorkerLostError", w.node), run
+    assert "signal 9" in (run.error or ""), run.error
+    assert run.started_at_ms is not None and run.finished_at_ms is not None
+
+
+def test_a_run_killed_at_its_hard_time_limit_failed(broker_url: str, prefix: str, tmp_path: Path) -> None:
+    """Killed by the worker at its time limit, a task's pool process cannot say so: the main process
+    records the run failed (it stayed running before)."""
+    app = worker_app.make_app(prefix)
+    with worker(prefix, tmp_path, "--pool=prefork", "--concurrency=1"):
+        (run_id,) = send_runs(app, broker_url, prefix, "waiting", 1, args=[str(tmp_path / "never")], time_limit=2)
+        run = wait_for_run(app, "waiting", run_id)
+    assert (run.status, run.error_type) == ("failed", "TimeLimitExceeded"), run
 
 
 # -- the buffered writer ---------------------------------------------------------------------------

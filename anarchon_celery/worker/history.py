@@ -1,5 +1,6 @@
-"""Worker-side history: ``running``, then ``succeeded``, ``failed`` or ``revoked``, for every task
-the scheduler sent (tasks without the ``anarchon_run`` header are ignored).
+"""Worker-side history: ``running``, then ``succeeded``, ``failed``, ``revoked`` or ``abandoned``
+(its pool process died), for every task the scheduler sent (tasks without the ``anarchon_run``
+header are ignored).
 
 Connected when ``anarchon_celery`` is imported in the worker, which ``@anarchon_celery.cron``
 does; for apps that only use ``beat_schedule``, add ``"anarchon_celery"`` to Celery's ``imports``
@@ -36,7 +37,15 @@ import time
 from collections import Counter, deque
 from typing import Any, NamedTuple
 
-from celery.signals import task_postrun, task_prerun, task_revoked, worker_process_shutdown, worker_shutdown
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.signals import (
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_revoked,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
 from .. import clock
 from ..history import encode_event
@@ -412,6 +421,23 @@ def _on_postrun(sender: Any = None, task: Any = None, retval: Any = None, state:
         _record(task, task.request, "succeeded")
     elif state == "FAILURE":
         _record(task, task.request, "failed", error_type=type(retval).__name__, error=str(retval))
+
+
+@task_failure.connect
+def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
+    """For the failures the worker's main process reports, where the pool process that ran the
+    task could not: it died (``WorkerLostError``: the run is abandoned) or was killed at the task's
+    hard time limit (``TimeLimitExceeded``: it failed). Celery fires this only when the message is
+    not put back in the queue (celery/worker/request.py, ``Request.on_failure``), and puts the
+    task's request on its stack for the receivers. A failure in the pool process itself is its
+    ``task_postrun``'s to record."""
+    if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
+        return
+    request = getattr(sender, "request", None)
+    if isinstance(exception, WorkerLostError):
+        _record(sender, request, "abandoned", error_type=type(exception).__name__, error=str(exception))
+    else:
+        _record(sender, request, "failed", error_type=type(exception).__name__, error=str(exception))
 
 
 @task_revoked.connect
