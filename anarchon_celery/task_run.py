@@ -34,6 +34,7 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
         "trigger": get("anarchon_trigger"),
         "instance": get("anarchon_instance"),
         "place": get("anarchon_place"),
+        "token": get("anarchon_token"),  # on a backend with leases: the run's fencing token
     }
 
 

@@ -286,6 +286,7 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "trigger": "manual",
         "instance": "h:1",
         "place": None,
+        "token": None,
     }
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
@@ -298,4 +299,5 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "trigger": None,
         "instance": None,
         "place": None,
+        "token": None,
     }

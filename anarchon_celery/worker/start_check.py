@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_process_init
 
+from ..task_run import run_headers_of
+
 if TYPE_CHECKING:
     from ..backends import Backend
 
@@ -98,12 +100,10 @@ def check(task: Any) -> bool:
     """Whether the task now starting may run (see the module's text); a refusal is noted on its
     request, for its ``before_start`` to act on. Never raises."""
     request = task.request
-    headers = getattr(request, "headers", None) or {}
-    token = headers.get("anarchon_token", getattr(request, "anarchon_token", None))
-    if not token:
-        return True  # not sent on a backend with leases
-    job = headers.get("anarchon_job", getattr(request, "anarchon_job", None))
-    slot = headers.get("anarchon_slot", getattr(request, "anarchon_slot", None))
+    run = run_headers_of(request)
+    if run is None or not run["token"]:
+        return True  # not a run's, or not sent on a backend with leases
+    token, job, slot = run["token"], run["job"], run["slot"]
     if job is None or slot is None or (getattr(request, "retries", None) or 0) > 0:
         return True  # not a run's (headers of its own), or the task's own retry: its run started
     redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
