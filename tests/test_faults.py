@@ -125,6 +125,7 @@ def assert_each_run_once(slots: list[int], allowed_missing: int = 0) -> None:
     assert len(missing) <= allowed_missing, f"runs missed: {missing}"
 
 
+@pytest.mark.exclusive  # held to the stop's 2 s grace by the wall clock: not beside other tests
 @pytest.mark.timeout(120)
 def test_sigterm_during_a_claim_finishes_it_and_sends_the_task(
     beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
