@@ -355,7 +355,10 @@ class Scheduler(beat.Scheduler):
 
     def close(self) -> None:
         """Close the connections; after a stop signal, within its grace period (then they are
-        dropped without a goodbye)."""
+        dropped without a goodbye). Once: ``celery beat`` may close its scheduler more than once."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         try:
             with stopping.waiting():
                 try:
