@@ -46,6 +46,7 @@ from anarchon_celery.jobs import JOB_KEYS, REFUSED_KEYS
 from anarchon_celery.settings import DEFAULTS
 
 from .support import broker_control
+from .support.processes import wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -58,9 +59,18 @@ BUILD = ["-W", "--keep-going", "-b", "html", "docs"]
 pytestmark = pytest.mark.xdist_group("docs")
 
 
-def run(command: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
+def run(
+    command: list[str],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    stdin: str | None = None,
+) -> Any:
     """``command``'s completed process, its output as text."""
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        command, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 # -- the blocks of the pages ----------------------------------------------------------------------
@@ -250,7 +260,7 @@ def test_python_blocks_run(block: Block) -> None:
     """In a process of its own: Celery registers a project's tasks for every app of a process."""
     if block.source.name == "README.md":
         assert block.text == (EXAMPLES / "proj.py").read_text(), "the README's project is docs/examples/proj.py"
-    done = run([sys.executable, "-m", "tests.support.doc_blocks", str(block.source), str(block.line)])
+    done = run([sys.executable, "-m", "tests.support.doc_blocks", str(block)], stdin=block.text)
     assert done.returncode == 0, f"{block}:\n{done.stdout}\n{done.stderr}"
     assert done.stdout.strip().endswith("configuration checked"), done.stdout
 
@@ -364,7 +374,7 @@ def test_celery_commands_run(where: str, command: list[str], vhost: str, tmp_pat
     with log.open("wb") as out:
         proc = subprocess.Popen(command, cwd=EXAMPLES, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for(log, _STARTED[long_running], proc)
+        wait_for_line(log, _STARTED[long_running], proc, timeout=60)
         if long_running == "beat" or "-B" in command:
             _wait_for_instance(vhost, proc, log)  # a scheduler runs (under a worker too: -B)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -394,14 +404,6 @@ def _wait_for_instance(vhost: str, proc: subprocess.Popen[bytes], log: Path, tim
         assert proc.poll() is None, f"exited with {proc.returncode}:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"no scheduler instance connected in {timeout} s:\n{log.read_text()}"
         time.sleep(0.5)
-
-
-def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in log.read_text(errors="replace"):
-        assert proc.poll() is None, f"exited with {proc.returncode} before {needle!r}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"no {needle!r} in {timeout} s:\n{log.read_text()}"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("where,command", OTHER, ids=[shlex.join(command) for _, command in OTHER])

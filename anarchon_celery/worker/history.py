@@ -433,11 +433,8 @@ def _on_failure(sender: Any = None, exception: BaseException | None = None, **_:
     ``task_postrun``'s to record."""
     if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
         return
-    request = getattr(sender, "request", None)
-    if isinstance(exception, WorkerLostError):
-        _record(sender, request, "abandoned", error_type=type(exception).__name__, error=str(exception))
-    else:
-        _record(sender, request, "failed", error_type=type(exception).__name__, error=str(exception))
+    event = "abandoned" if isinstance(exception, WorkerLostError) else "failed"
+    _record(sender, getattr(sender, "request", None), event, error_type=type(exception).__name__, error=str(exception))
 
 
 @task_revoked.connect

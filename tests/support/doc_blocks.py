@@ -1,8 +1,9 @@
-"""Run one python block of the documentation (``python -m tests.support.doc_blocks PAGE LINE``):
-in a fresh copy of the getting-started project (``docs/examples/proj.py``), then the app's
-configuration is read and checked as the scheduler would (settings, backend, jobs), with every
-backend URL the block assigns to ``anarchon_backend`` made into a backend (which connects to
-nothing). Prints ``configuration checked`` when all is well; raises otherwise."""
+"""Run one python block of the documentation, given on stdin (``python -m tests.support.doc_blocks
+WHERE``, WHERE naming it in tracebacks): in a fresh copy of the getting-started project
+(``docs/examples/proj.py``), then the app's configuration is read and checked as the scheduler
+would (settings, backend, jobs), with every backend URL the block assigns to ``anarchon_backend``
+made into a backend (which connects to nothing). Prints ``configuration checked`` when all is
+well; raises otherwise."""
 
 from __future__ import annotations
 
@@ -20,18 +21,6 @@ from anarchon_celery.jobs import collect_jobs
 from anarchon_celery.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
-
-
-def block_at(page: Path, line: int) -> str:
-    """The body of the fenced block that opens on ``line`` (1-based) of ``page``."""
-    lines = page.read_text().splitlines()
-    fence = lines[line - 1][: len(lines[line - 1]) - len(lines[line - 1].lstrip("`"))]
-    body = []
-    for text in lines[line:]:
-        if text.startswith(fence):
-            return "\n".join(body) + "\n"
-        body.append(text)
-    raise SystemExit(f"{page}:{line}: the block does not end")
 
 
 def project() -> dict[str, Any]:
@@ -55,12 +44,12 @@ def check(app: Any, code: str) -> None:
             backend_for(app, Settings(backend=node.value.value, prefix=settings.prefix))
 
 
-def main(page: str, line: str) -> None:
+def main(where: str) -> None:
     warnings.simplefilter("error")
-    code = block_at(Path(page), int(line))
+    code = sys.stdin.read()
     namespace = project()
     if code != (EXAMPLES / "proj.py").read_text():  # (the README shows the project itself)
-        exec(compile(code, f"{page}:{line}", "exec"), namespace)  # noqa: S102
+        exec(compile(code, where, "exec"), namespace)  # noqa: S102
     check(namespace["app"], code)
     print("configuration checked")
 
