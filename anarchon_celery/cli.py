@@ -210,15 +210,16 @@ def next_runs(ctx: click.Context, job: str, count: int, after: str | None, as_js
 @click.pass_context
 @_fail_cleanly
 def history_command(ctx: click.Context, job: str, count: int, as_json: bool) -> None:
-    """Recent runs of JOB, newest first: status, times, instance, worker, error."""
+    """Recent runs of JOB, newest first: status, times, instance, worker, error. A run of
+    catch-up shows how many missed runs it stands for (catch_up x5)."""
     with _deployment(ctx) as deployment:
         runs = history(_app(ctx), job, count, deployment=deployment)
         tz = deployment.job(job).tz
     rows = [
         [
             run.run_id,
-            run.trigger,
-            run.status,
+            f"{run.trigger} x{run.coalesced}" if run.coalesced and run.coalesced > 1 else run.trigger,
+            f"{run.status} ({run.reason})" if run.status == "skipped" else run.status,
             _iso(run.sent_at_ms, tz),
             _iso(run.started_at_ms, tz),
             _iso(run.finished_at_ms, tz),

@@ -17,13 +17,18 @@ Three more kinds tell of runs that went otherwise:
   was not put back in the queue. A run whose whole worker died (nothing left to tell) still stays
   ``running``.
 
+* ``skipped`` (from the beat): runs missed while no instance could claim them, which the job's
+  catch-up policy does not send: older than its window (reason ``catch_up_window``) or past the
+  cap of ``all`` (``catch_up_cap``). One record stands for ``count`` runs, from ``first_slot`` to
+  ``slot``.
+
 A run's ``status`` is the kind of its most advanced event: ``sent`` or ``unsent`` (rank 0), then
 ``running`` (1), then ``succeeded``, ``failed``, ``revoked`` or ``abandoned`` (2, final); between two events of one
 rank, the later one in the stream counts. ``Run.reason`` is a revoked run's reason (so an expired
 task is status ``revoked``, reason ``expired``), None for any other status; ``error_type`` and
 ``error`` are those of a ``failed``, ``revoked``, ``abandoned`` or ``unsent`` status.
 
-Version 1 of the JSON form gained ``unsent``, ``revoked`` and ``abandoned``; a reader that
+Version 1 of the JSON form gained ``unsent``, ``revoked``, ``abandoned`` and ``skipped``; a reader that
 predates them skips them, as it skips anything not of ours. Pure: no I/O.
 """
 
@@ -34,24 +39,27 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["EVENTS", "REVOKE_REASONS", "Run", "decode_event", "encode_event", "fold"]
+__all__ = ["EVENTS", "REVOKE_REASONS", "SKIP_REASONS", "Run", "decode_event", "encode_event", "fold"]
 
 SCHEMA = 1
 #: Every kind of event, roughly in the order a run goes through them.
-EVENTS = ("sent", "unsent", "running", "succeeded", "failed", "revoked", "abandoned")
+EVENTS = ("sent", "unsent", "skipped", "running", "succeeded", "failed", "revoked", "abandoned")
 #: The most events one run gets (not counting an event written twice): sent or unsent, running,
 #: and a final one.
 EVENTS_PER_RUN = 3
 #: Why a task was revoked: the ``reason`` of a ``revoked`` event.
 REVOKE_REASONS = ("revoked", "expired", "terminated")
-_RANK = {"sent": 0, "unsent": 0, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2, "abandoned": 2}
+#: Why runs were not sent: the ``reason`` of a ``skipped`` event.
+SKIP_REASONS = ("catch_up_window", "catch_up_cap")
+_RANK = {"sent": 0, "unsent": 0, "skipped": 2, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2, "abandoned": 2}
 #: Error messages are cut to this many characters.
 MAX_ERROR_CHARS = 500
 #: Fields each event may carry besides its kind, run, job and time.
-_SENT_FIELDS = ("slot", "task_id", "task", "instance", "trigger")
+_SENT_FIELDS = ("slot", "task_id", "task", "instance", "trigger", "coalesced")
 _FIELDS = {
     "sent": _SENT_FIELDS,
     "unsent": (*_SENT_FIELDS, "error_type", "error"),
+    "skipped": ("slot", "instance", "reason", "count", "first_slot"),
     "running": ("worker", "instance"),  # the instance whose message started it
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
@@ -69,6 +77,8 @@ def encode_event(event: str, *, run: str, job: str, at_ms: int, **fields: Any) -
         raise ValueError(f"history event {event!r} cannot carry {sorted(extra)}")
     if event == "revoked" and fields.get("reason") not in REVOKE_REASONS:
         raise ValueError(f"a revoked event's reason is one of {list(REVOKE_REASONS)}, not {fields.get('reason')!r}")
+    if event == "skipped" and fields.get("reason") not in SKIP_REASONS:
+        raise ValueError(f"a skipped event's reason is one of {list(SKIP_REASONS)}, not {fields.get('reason')!r}")
     if "error" in fields and fields["error"] is not None:
         fields["error"] = str(fields["error"])[:MAX_ERROR_CHARS]
     record = {"v": SCHEMA, "event": event, "run": run, "job": job, "at_ms": at_ms}
@@ -99,8 +109,8 @@ class Run:
 
     run_id: str
     job: str
-    status: str  # sent, unsent, running, succeeded, failed, revoked or abandoned
-    trigger: str | None  # "schedule" or "manual"; None when the sent event was trimmed away
+    status: str  # sent, unsent, skipped, running, succeeded, failed, revoked or abandoned
+    trigger: str | None  # "schedule", "catch_up" or "manual"; None when the sent event was trimmed away
     slot: int | None
     task_id: str | None
     task: str | None
@@ -111,7 +121,10 @@ class Run:
     finished_at_ms: int | None  # when it succeeded, failed, was revoked or abandoned
     error_type: str | None
     error: str | None
-    reason: str | None = None  # a revoked run's: revoked, expired or terminated
+    reason: str | None = None  # a revoked run's: revoked, expired or terminated; a skipped one's
+    #: A run of catch-up: how many missed runs it stands for; of a ``skipped`` record: how many
+    #: runs were not sent (its slot is the newest of them).
+    coalesced: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +142,10 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
             run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
         else:
             run["unsent_error"] = event.get("error_type"), event.get("error")
+    elif kind == "skipped":  # runs not sent at all: the newest of them, standing for the others
+        run.update(slot=event.get("slot"), instance=event.get("instance"), trigger="catch_up")
+        run["coalesced"], run["reason"] = event.get("count"), event.get("reason")
+        run["finished_at_ms"] = event["at_ms"]
     elif kind == "running":
         if run.get("worker") is None:  # a final event's worker, if any, counts
             run["worker"] = event.get("worker")

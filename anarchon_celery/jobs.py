@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import hashlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -20,7 +21,7 @@ from kombu.serialization import dumps
 from . import docs
 from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
-from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_minimum
+from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_catch_up, check_minimum
 
 __all__ = ["Job", "check_arguments", "collect_jobs", "cron", "definition", "live_gates", "task_id_for"]
 
@@ -40,6 +41,8 @@ JOB_KEYS = frozenset(
         "tz",
         "relative",
         "backup_runners",
+        "catch_up",
+        "catch_up_window_ms",
     }
 )
 
@@ -61,7 +64,6 @@ REFUSED_KEYS = {
     "backups": "the key is backup_runners",
     "no_overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
     "overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
-    "catch_up": f"catch-up replays the runs missed: {_NOT_YET}",
     "hand_over": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
     "handover": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
     "history_ttl_ms": "history is trimmed by size only (a RabbitMQ stream, or rows of the store): use history_size",
@@ -94,6 +96,10 @@ class Job:
     history_size: int
     #: How many instances that lose a run's claim are armed as its backups (0 without leases).
     backup_runners: int = 0
+    #: The runs missed while no instance could claim them: None (skipped), ``"latest"`` (one run
+    #: for the newest) or ``"all"`` (each one); those older than ``catch_up_window_ms`` are not.
+    catch_up: str | None = None
+    catch_up_window_ms: int = 0
 
     def next_slot(self, after_ms: int) -> int:
         """The first slot strictly after ``after_ms``."""
@@ -116,7 +122,17 @@ def definition(job: Job) -> dict[str, str]:
         "jitter_ms": str(job.jitter_ms),
         "max_late_ms": str(job.max_late_ms),
         "history_size": str(job.history_size),
+        **({"catch_up": f"{job.catch_up} within {job.catch_up_window_ms} ms"} if job.catch_up else {}),
     }
+
+
+def catch_up_key(job: Job) -> str:
+    """What the store keeps of a job's schedule and catch-up policy, to tell when either changed:
+    a changed job catches up nothing from before the change. Empty for a job without catch-up."""
+    if not job.catch_up:
+        return ""
+    seen = definition(job)["schedule"] + f"|{job.tz}|{job.catch_up}"
+    return hashlib.sha1(seen.encode()).hexdigest()[:16]
 
 
 def _check_int(job: str, key: str, value: Any) -> int:
@@ -170,6 +186,7 @@ def make_job(
         max_late_ms=_check_int(name, "max_late_ms", setting("max_late_ms")),
         history_size=_check_int(name, "history_size", setting("history_size")),
         backup_runners=_backup_runners(name, entry, settings, leases, title),
+        **_catch_up(name, entry, settings, leases, title),
     )
 
 
@@ -226,6 +243,33 @@ def _backup_runners(name: str, entry: Mapping[str, Any], settings: Settings, lea
     if value > MAX_BACKUP_RUNNERS:
         raise ConfigError(f"job {name!r}: backup_runners must be at most {MAX_BACKUP_RUNNERS}, not {value}")
     return value
+
+
+def _catch_up(name: str, entry: Mapping[str, Any], settings: Settings, leases: bool, title: str) -> dict[str, Any]:
+    """The job's catch-up policy and window, checked: on a backend with leases only, and a window
+    at least as long as the job's lateness (a shorter one would catch nothing up)."""
+    for key in ("catch_up", "catch_up_window_ms"):
+        if entry.get(key) not in (None, False) and not leases:
+            raise ConfigError(f"job {name!r}: {key} is not available: {claim_only(title)}")
+    if not leases:
+        return {}
+    given = entry.get("catch_up")
+    try:
+        policy = check_catch_up("catch_up", settings.catch_up if given is None else given)
+    except ConfigError as exc:
+        raise ConfigError(f"job {name!r}: {exc}") from None
+    if not policy:
+        return {}
+    window = entry.get("catch_up_window_ms")
+    window = _check_int(name, "catch_up_window_ms", settings.catch_up_window_ms if window is None else window)
+    max_late = entry.get("max_late_ms")
+    max_late = settings.max_late_ms if max_late is None else max_late
+    if window < max_late:
+        raise ConfigError(
+            f"job {name!r}: catch_up_window_ms ({window}) must be at least max_late_ms ({max_late}): runs later "
+            "than max_late_ms are the ones caught up, within the window"
+        )
+    return {"catch_up": policy, "catch_up_window_ms": window}
 
 
 #: A backup comes back this long after the lease's end, so that the store finds it over.
@@ -322,6 +366,8 @@ def cron(
     max_late_ms: int | None = None,
     history_size: int | None = None,
     backup_runners: int | None = None,
+    catch_up: str | bool | None = None,
+    catch_up_window_ms: int | None = None,
     args: tuple[Any, ...] | list[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -348,6 +394,8 @@ def cron(
         ("max_late_ms", max_late_ms),
         ("history_size", history_size),
         ("backup_runners", backup_runners),
+        ("catch_up", catch_up),
+        ("catch_up_window_ms", catch_up_window_ms),
         ("options", options),
     ):
         if value is not None:

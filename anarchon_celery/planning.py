@@ -11,8 +11,9 @@ from collections.abc import Mapping
 
 from . import clock
 from .backends import Backend, Claim, Outcome
+from .backends.base import CATCH_UP
 from .holding import AWAY_RETRY_MS
-from .jobs import Job
+from .jobs import Job, catch_up_key
 from .runqueue import ClaimAgain, FirstClaim, Item, Prepare, RunQueue
 from .schedule import Schedule
 
@@ -34,6 +35,8 @@ class Plan:
         #: The gates to declare ahead, by when.
         self.prepares: RunQueue[Prepare] = RunQueue()
         self.lead_ms = lead_ms
+        #: Each job's catch-up key, carried by its claims ("" for a job without catch-up).
+        self.keys = {name: catch_up_key(job) if backend.leases else "" for name, job in jobs.items()}
         #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run (never earlier than
         #: ``lead_ms``): a phase of this instance that puts the declares of runs on whole seconds
         #: between a quarter and three quarters into a second, away from the claims.
@@ -48,6 +51,15 @@ class Plan:
         run, decided once as ever."""
         for job in self.jobs.values():
             self.push(job, job.next_slot(now - job.max_late_ms - 1))
+            if job.catch_up:  # the newest run already too late: won if no instance claimed it
+                self._catch_up(job, now, now - job.max_late_ms)
+
+    def _catch_up(self, job: Job, now: int, end: int) -> None:
+        """Queue a catch-up claim of the job's newest slot before ``end`` inside its window: the
+        store finds the gap, if any, from the job's cursor (see :mod:`.catching_up`)."""
+        newest = job.schedule.last_slot(now - job.catch_up_window_ms, end)
+        if newest is not None:
+            self.queue.push(ClaimAgain(now, job.name, newest, newest))
 
     def push(self, job: Job, slot: int) -> None:
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
@@ -74,11 +86,26 @@ class Plan:
                 self._schedule_after(self.jobs[item.job], item.slot, now, known)
 
     def claim_of(self, item: FirstClaim | ClaimAgain, now: int) -> Claim | None:
-        """The claim of a run due, or None when it is found too late (logged)."""
+        """The claim of a run due, or None when it is found too late (logged). For a job that
+        catches up, a run too late is claimed for catch-up when it is the newest one too late
+        and inside the window; the store says whether it was missed (see :mod:`.catching_up`)."""
         job = self.jobs[item.job]
         # Lateness counts from this instance's planned claim (slot + its jitter), so the last
         # claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
         late = now - item.planned_ms
+        if late > job.max_late_ms and job.catch_up:
+            if item.slot < now - job.catch_up_window_ms or job.next_slot(item.slot) + job.max_late_ms < now:
+                # Not the newest run too late: the claim of the newest catches it up, within the window.
+                logger.debug("anarchon: job %r slot %d: found %d ms late; left to catch-up", job.name, item.slot, late)
+                return None
+            return Claim(
+                job.name,
+                item.slot,
+                deadline_ms=item.slot + job.catch_up_window_ms,
+                backups=job.backup_runners,
+                key=self.keys[job.name],
+                kind=CATCH_UP,
+            )
         if late > job.max_late_ms:
             logger.log(
                 self._skip_level(job.name, item.slot, item.slot + 1),
@@ -89,7 +116,13 @@ class Plan:
                 job.max_late_ms,
             )
             return None
-        return Claim(job.name, item.slot, deadline_ms=item.planned_ms + job.max_late_ms, backups=job.backup_runners)
+        return Claim(
+            job.name,
+            item.slot,
+            deadline_ms=item.planned_ms + job.max_late_ms,
+            backups=job.backup_runners,
+            key=self.keys[job.name],
+        )
 
     def claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:
         """Queue the claim of a run again, a moment later, if its deadline allows: it is away (its
@@ -98,7 +131,8 @@ class Plan:
         clock is ahead)."""
         job = self.jobs[claim.job]
         deadline = claim.deadline_ms if claim.deadline_ms is not None else clock.now_ms()
-        planned = deadline - job.max_late_ms
+        # (a catch-up claim's deadline is the end of its window: it stays a catch-up claim)
+        planned = claim.slot if claim.kind == CATCH_UP else deadline - job.max_late_ms
         again = clock.now_ms() + AWAY_RETRY_MS
         away = outcome is Outcome.AWAY
         backend = self.backend
@@ -144,7 +178,18 @@ class Plan:
         following = known.get((job.schedule, slot))
         if following is None:
             following = known[job.schedule, slot] = job.next_slot(slot)
-        if following + job.max_late_ms < now:
+        if following + job.max_late_ms < now and job.catch_up:
+            resume = job.next_slot(now - job.max_late_ms - 1)
+            logger.info(
+                "anarchon: job %r: runs from slot %d on are more than max_late_ms (%d) late; catching up (%s)",
+                job.name,
+                following,
+                job.max_late_ms,
+                job.catch_up,
+            )
+            self._catch_up(job, now, resume)
+            following = resume
+        elif following + job.max_late_ms < now:
             resume = job.next_slot(now - job.max_late_ms - 1)
             logger.log(
                 self._skip_level(job.name, following, resume, job.schedule),

@@ -22,6 +22,7 @@ time changes they follow cron's own rule (Debian's cron(8), "daylight savings ti
 from __future__ import annotations
 
 import abc
+import collections
 import copy
 import datetime as dt
 from collections.abc import Iterator
@@ -99,6 +100,17 @@ class Schedule(abc.ABC):
             yield slot
             slot = self.next_slot(slot)
 
+    def last_slot(self, start_ms: int, end_ms: int) -> int | None:
+        """The latest slot in ``[start_ms, end_ms)``, or None. Looks back from ``end_ms`` over
+        spans that double, so that it costs about the slots of the last span, not of the range."""
+        span = 60_000
+        while True:
+            low = max(start_ms, end_ms - span)
+            found = collections.deque(self.slots(low, end_ms), maxlen=1)
+            if found or low == start_ms:
+                return found[0] if found else None
+            span *= 2
+
 
 class Interval(Schedule):
     """Every ``every_ms`` milliseconds, aligned to the Unix epoch: slots are ``k * every_ms``."""
@@ -114,6 +126,10 @@ class Interval(Schedule):
 
     def next_slot(self, after_ms: int) -> int:
         return (after_ms // self.every_ms + 1) * self.every_ms
+
+    def last_slot(self, start_ms: int, end_ms: int) -> int | None:
+        last = (end_ms - 1) // self.every_ms * self.every_ms
+        return last if last >= start_ms else None
 
     def describe(self) -> str:
         seconds, ms = divmod(self.every_ms, 1000)

@@ -23,8 +23,11 @@ from celery import beat
 
 from . import clock, stopping
 from .backends import Backend, Claim, Outcome
+from .backends.base import CATCH_UP, GAP
+from .catching_up import GapRuns, runs_of_gap
 from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
+from .history import encode_event
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
 from .planning import Plan
@@ -71,6 +74,8 @@ class Scheduler(beat.Scheduler):
         self.signals = stopping.StopSignals()
         self.tasks = TaskLink(app, instance=self.instance, make_sender=self.make_sender)
         self._place_asked_at = -PLACE_AGAIN_S
+        #: History events of runs not caught up, written with the next runs' (job, event, size).
+        self._skipped: list[tuple[str, bytes, int]] = []
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -264,8 +269,9 @@ class Scheduler(beat.Scheduler):
         self._tell_place(backend)
 
         def on_won(claim: Claim) -> None:
-            # Written at once, while the other claims are still being answered.
-            if (claim.job, claim.slot) not in won:
+            # Written at once, while the other claims are still being answered (a catch-up claim
+            # once the gap it stands for is known).
+            if claim.kind != CATCH_UP and (claim.job, claim.slot) not in won:
                 run = won[claim.job, claim.slot] = self._outgoing(claim, now, token)
                 if self.leases is not None:
                     self.leases.hold([run])
@@ -285,9 +291,87 @@ class Scheduler(beat.Scheduler):
                 self._plan.claim_again(claim, outcome)
             elif outcome is not Outcome.WON:
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
-            elif (claim.job, claim.slot) not in won:  # a backend that does not report wins as they come
+            elif (claim.job, claim.slot) not in won and claim.kind != CATCH_UP:  # not reported as they came
                 runs.append(self._outgoing(claim, now, token))
+        runs += self._caught_up(backend)
         return self._send_held(runs) if runs else []
+
+    def _caught_up(self, backend: Backend) -> list[Outgoing]:
+        """The runs of catch-up of the gaps the claims just won left (see :mod:`.catching_up`):
+        the runs of each gap inside the window are claimed (one call for all) and those won sent,
+        with trigger ``catch_up``; the runs not sent are logged and recorded ``skipped``."""
+        store = backend.lease_store
+        gaps = store.gaps() if store is not None else []
+        if not gaps:
+            return []
+        now = clock.now_ms()
+        runs: list[Outgoing] = []
+        inside: list[tuple[Claim, int]] = []  # the gaps' runs to claim, with how many each stands for
+        for gap in gaps:
+            job = self.jobs[gap.claim.job]
+            found = runs_of_gap(job, gap, now)
+            self._not_caught_up(found, job)
+            for slot, coalesced in found.send:
+                if gap.claim.kind == CATCH_UP and slot == gap.claim.slot:  # won already
+                    runs.append(self._outgoing(gap.claim, now, 1, coalesced))
+                else:
+                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, job.backup_runners, kind=GAP)
+                    inside.append((claim, coalesced))
+        if inside:
+            outcomes = backend.claim([claim for claim, _ in inside], self.instance)
+            for (claim, coalesced), outcome in zip(inside, outcomes):
+                if outcome is Outcome.WON:
+                    runs.append(self._outgoing(claim, now, 1, coalesced))
+                elif outcome is not Outcome.LOST:
+                    logger.warning(
+                        "anarchon: job %r slot %d: a missed run not caught up, its claim was %s",
+                        claim.job,
+                        claim.slot,
+                        outcome.value,
+                    )
+        runs.sort(key=lambda run: (run.job.name, run.slot))
+        for name in sorted({run.job.name for run in runs}):
+            slots = [run.slot for run in runs if run.job.name == name]
+            logger.warning(
+                "anarchon: job %r: catching up %d missed run(s) (catch_up %r), slots %d to %d",
+                name,
+                sum(run.coalesced for run in runs if run.job.name == name),
+                self.jobs[name].catch_up,
+                slots[0],
+                slots[-1],
+            )
+        return runs
+
+    def _not_caught_up(self, found: GapRuns, job: Job) -> None:
+        """Log and record (``skipped``) the missed runs of a gap that are not sent."""
+        if not found.dropped or found.first_dropped is None or found.last_dropped is None:
+            return
+        reason = "catch_up_window" if found.too_old else "catch_up_cap"
+        logger.warning(
+            "anarchon: job %r: %d missed run(s), slots %d to %d, not caught up: %s",
+            job.name,
+            found.dropped,
+            found.first_dropped,
+            found.last_dropped,
+            f"older than catch_up_window_ms ({job.catch_up_window_ms})"
+            + (f", and {found.over_cap} past the cap of catch_up='all'" if found.over_cap else "")
+            if found.too_old
+            else "past the cap of catch_up='all'",
+        )
+        if job.history_size:
+            prefix = self.backend.prefix if self.backend else ""
+            event = encode_event(
+                "skipped",
+                run=task_id_for(prefix, job.name, found.last_dropped),
+                job=job.name,
+                at_ms=clock.now_ms(),
+                slot=found.last_dropped,
+                first_slot=found.first_dropped,
+                count=found.dropped,
+                instance=self.instance,
+                reason=reason,
+            )
+            self._skipped.append((job.name, event, job.history_size))
 
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
@@ -297,9 +381,12 @@ class Scheduler(beat.Scheduler):
         runs = [self._outgoing(claim, now, token) for claim, token in won]
         return self._send_held(runs) if runs else []
 
-    def _outgoing(self, claim: Claim, now: int, token: int = 0) -> Outgoing:
+    def _outgoing(self, claim: Claim, now: int, token: int = 0, coalesced: int = 0) -> Outgoing:
+        """The task of a run won; of a run of catch-up when it stands for ``coalesced`` missed runs."""
         task_id = task_id_for(self.backend.prefix if self.backend else "", claim.job, claim.slot)
-        return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, "schedule", claim.deadline_ms or now, token)
+        trigger = "catch_up" if coalesced else "schedule"
+        deadline = claim.deadline_ms or now
+        return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, trigger, deadline, token, coalesced)
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -321,7 +408,8 @@ class Scheduler(beat.Scheduler):
         """Write the ``sent`` event of each run sent to its job's history, and the ``unsent``
         event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
-        events = history_events(done, self.instance)
+        events = history_events(done, self.instance) + self._skipped
+        self._skipped = []
         if events:
             self.backend.record_many(events)
 

@@ -69,6 +69,8 @@ class Outgoing(NamedTuple):
     deadline_ms: int
     #: The run's fencing token on a backend with leases (0: none), carried in the message.
     token: int = 0
+    #: A run of catch-up (trigger ``catch_up``): how many missed runs it stands for.
+    coalesced: int = 0
 
 
 class SendOutcome(NamedTuple):
@@ -93,10 +95,12 @@ def run_headers(
     token: int = 0,
     instance: str | None = None,
     place: str | None = None,
+    coalesced: int = 0,
 ) -> dict[str, Any]:
     """The headers a run's task message carries, on top of the job's own: with a fencing token
     (``anarchon_token``) on a backend with leases, which the worker checks before it starts, and
-    the instance that sent it (``anarchon_instance``), which the worker's history names."""
+    the instance that sent it (``anarchon_instance``), which the worker's history names; a run
+    of catch-up, how many missed runs it stands for (``anarchon_coalesced``)."""
     headers = {
         **dict(job.options.get("headers") or {}),
         "anarchon_job": job.name,
@@ -110,6 +114,8 @@ def run_headers(
         headers["anarchon_instance"] = instance
     if place:
         headers["anarchon_place"] = place  # where the run was decided (Backend.place)
+    if coalesced:
+        headers["anarchon_coalesced"] = coalesced  # a run of catch-up: the missed runs it stands for
     return headers
 
 
@@ -270,7 +276,8 @@ class TaskSender:
             trigger=run.trigger,
             token=run.token,
             instance=self.instance,
-            place=self.place if run.trigger == "schedule" else None,
+            place=self.place if run.trigger != "manual" else None,
+            coalesced=run.coalesced,
         )
         channel.expect(sending)
         try:
@@ -498,6 +505,7 @@ def history_events(outcomes: Sequence[SendOutcome], instance: str) -> list[tuple
             task=run.job.task,
             instance=instance,
             trigger=run.trigger,
+            coalesced=run.coalesced or None,
             **failure,
         )
         events.append((run.job.name, event, run.job.history_size))

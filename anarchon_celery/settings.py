@@ -13,6 +13,7 @@ from .errors import ConfigError
 __all__ = [
     "DEFAULTS",
     "LEASE_SETTINGS",
+    "CATCH_UP_POLICIES",
     "LEGACY_PREFIX",
     "MAX_BACKUP_RUNNERS",
     "MINIMUMS",
@@ -31,10 +32,14 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_backup_runners": 2,
     "anarchon_lease_ms": 5_000,
     "anarchon_start_check_timeout_ms": 500,
+    "anarchon_catch_up": False,
+    "anarchon_catch_up_window_ms": 86_400_000,
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
-LEASE_SETTINGS = ("backup_runners", "lease_ms", "start_check_timeout_ms")
+LEASE_SETTINGS = ("backup_runners", "lease_ms", "start_check_timeout_ms", "catch_up", "catch_up_window_ms")
+#: The catch-up policies: off (False), one run for the newest slot missed, or every one.
+CATCH_UP_POLICIES = (False, "latest", "all")
 #: The most backups a run may have.
 MAX_BACKUP_RUNNERS = 10
 
@@ -50,6 +55,7 @@ MINIMUMS: dict[str, int] = {
     "backup_runners": 0,
     "lease_ms": 100,
     "start_check_timeout_ms": 10,
+    "catch_up_window_ms": 1_000,
 }
 
 _OURS = "anarchon_"
@@ -76,6 +82,17 @@ def check_minimum(shown: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{shown} must be an integer >= {minimum}, not {value!r}")
     return value
+
+
+def check_catch_up(shown: str, value: Any) -> str | bool:
+    """A catch-up policy (False, ``"latest"`` or ``"all"``), else a ConfigError naming ``shown``."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        raise ConfigError(f"{shown} must be False, 'latest' or 'all', not True: say which runs to catch up")
+    if value not in CATCH_UP_POLICIES:
+        raise ConfigError(f"{shown} must be False, 'latest' or 'all', not {value!r}")
+    return str(value)
 
 
 def _match_case(key: str, namespace: str) -> str:
@@ -162,6 +179,10 @@ class Settings:
     lease_ms: int = 5_000
     #: How long a worker's start check waits for the store (it has its own connection).
     start_check_timeout_ms: int = 500
+    #: What is done with the runs missed while no instance could claim them (a default for
+    #: every job): False, ``"latest"`` or ``"all"``; and how far back (on a backend with leases).
+    catch_up: str | bool = False
+    catch_up_window_ms: int = 86_400_000
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
     #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.
@@ -178,6 +199,7 @@ class Settings:
             raise ConfigError(f"{_OURS}backup_runners must be at most {MAX_BACKUP_RUNNERS}, not {self.backup_runners}")
         if not isinstance(self.prefix, str):
             raise ConfigError(f"{_OURS}prefix must be a string, not {self.prefix!r}")
+        object.__setattr__(self, "catch_up", check_catch_up(f"{_OURS}catch_up", self.catch_up))
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -207,6 +229,8 @@ class Settings:
                 values[key] = default_prefix(app)
             if key in MINIMUMS:  # named as the user wrote it
                 check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
+            elif key == "catch_up":
+                values[key] = check_catch_up(spelling.shown(name, present), values[key])
             elif key == "prefix" and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
         return cls(**values, given=frozenset(given), spelt=tuple(spelt))

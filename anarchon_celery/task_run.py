@@ -35,6 +35,7 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
         "instance": get("anarchon_instance"),
         "place": get("anarchon_place"),
         "token": get("anarchon_token"),  # on a backend with leases: the run's fencing token
+        "coalesced": get("anarchon_coalesced"),  # a run of catch-up: the missed runs it stands for
     }
 
 
@@ -49,10 +50,14 @@ class ScheduledRun:
     slot_ms: int
     #: The run's id: the task id of a scheduled run, the same on every instance.
     run_id: str
-    #: ``schedule`` or ``manual``.
+    #: ``schedule``, ``catch_up`` (a run missed while no instance could claim it, sent late by a
+    #: job's catch-up policy) or ``manual``.
     trigger: str
     #: The instance (``host:pid``) that sent this message, when it said.
     instance: str | None = None
+    #: How many missed runs this one stands for: with ``catch_up="latest"``, the newest missed run
+    #: is sent once for all of them (:attr:`slot_ms` is its own slot); 1 for any other run.
+    coalesced: int = 1
 
     @property
     def scheduled_for(self) -> dt.datetime:
@@ -85,4 +90,5 @@ def scheduled_run(request: Any = None) -> ScheduledRun | None:
         run_id=str(found["run"]),
         trigger=str(found["trigger"] or "schedule"),
         instance=found["instance"],
+        coalesced=int(found["coalesced"] or 1),
     )

@@ -98,8 +98,8 @@ def test_a_refused_cron_option_is_one_line_naming_the_job(app_env: dict[str, str
     done = celery(dict(app_env, HISTORY_APP_BAD_CRON="1"), "anarchon", "jobs")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "Error: job 'caught': catch_up is not available: catch-up replays the runs missed: anarchon_celery "
-        "does not offer it yet"
+        "Error: job 'caught': hand_over is not available: a backend with leases hands over by itself on "
+        "SIGTERM: there is nothing to set"
     ]
 
 

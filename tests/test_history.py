@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from anarchon_celery.history import EVENTS, MAX_ERROR_CHARS, REVOKE_REASONS, decode_event, encode_event, fold
+from anarchon_celery.history import (
+    EVENTS,
+    MAX_ERROR_CHARS,
+    REVOKE_REASONS,
+    SKIP_REASONS,
+    decode_event,
+    encode_event,
+    fold,
+)
 
 RUN_A, RUN_B = "run-a", "run-b"
 
@@ -200,29 +208,34 @@ VALUES: dict[str, st.SearchStrategy[object]] = {
     "task_id": TEXT,
     "task": TEXT,
     "instance": TEXT,
-    "trigger": st.sampled_from(["schedule", "manual"]),
+    "trigger": st.sampled_from(["schedule", "catch_up", "manual"]),
+    "coalesced": st.integers(1, 100),
+    "count": st.integers(1, 100_000),
+    "first_slot": st.integers(0, 2**53),
     "worker": TEXT,
     "error_type": TEXT,
     "error": st.text(max_size=MAX_ERROR_CHARS + 100),
     "reason": st.sampled_from(REVOKE_REASONS),
 }
 OPTIONAL = {
-    "sent": ("slot", "task_id", "task", "instance", "trigger"),
-    "unsent": ("slot", "task_id", "task", "instance", "trigger", "error_type", "error"),
+    "sent": ("slot", "task_id", "task", "instance", "trigger", "coalesced"),
+    "unsent": ("slot", "task_id", "task", "instance", "trigger", "coalesced", "error_type", "error"),
+    "skipped": ("slot", "instance", "count", "first_slot"),
     "running": ("worker",),
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
     "revoked": ("worker", "error"),
     "abandoned": ("worker", "error_type", "error"),
 }
-REQUIRED = {"revoked": ("reason",)}
+REQUIRED = {"revoked": ("reason",), "skipped": ("reason",)}
 
 
 def fields_of(event: str) -> st.SearchStrategy[dict[str, object]]:
     """Fields ``event`` may carry: the required ones, some optional ones, some of them None."""
+    values = dict(VALUES, reason=st.sampled_from(SKIP_REASONS)) if event == "skipped" else VALUES
     return st.fixed_dictionaries(
-        {name: VALUES[name] for name in REQUIRED.get(event, ())},
-        optional={name: st.one_of(st.none(), VALUES[name]) for name in OPTIONAL[event]},
+        {name: values[name] for name in REQUIRED.get(event, ())},
+        optional={name: st.one_of(st.none(), values[name]) for name in OPTIONAL[event]},
     )
 
 
@@ -287,6 +300,7 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "instance": "h:1",
         "place": None,
         "token": None,
+        "coalesced": None,
     }
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
@@ -300,4 +314,5 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "instance": None,
         "place": None,
         "token": None,
+        "coalesced": None,
     }

@@ -127,7 +127,7 @@ def test_bad_entries_fail_with_the_job_named(bad: Any, message: str) -> None:
     [
         ("backups", "the key is backup_runners"),
         ("no_overlap", "overlap protection"),
-        ("catch_up", "catch-up"),
+        ("catch_up", "the RabbitMQ backend is claim only"),
         ("hand_over", "a backend with leases hands over by itself on SIGTERM"),
     ],
 )
@@ -637,7 +637,7 @@ def test_namespaced_settings_are_read() -> None:
         (
             None,
             "anarchon_zzz",
-            "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_backup_runners, anarchon_history",
+            "unknown setting anarchon_zzz: known ones are anarchon_backend, anarchon_backup_runners, anarchon_catch_up",
         ),
         (
             "CELERY",

@@ -30,6 +30,7 @@ OUTAGE_S = 4.0
 MAX_LATE_MS = 30_000
 #: Longer than the outage: a run won just before it is marked sent once the store is back, before
 #: its backups could take it over (a takeover would send it again, with a new token, legitimately).
+#: The outages that last longer than OUTAGE_S (a stopped Redis, a locked SQLite) set longer ones.
 LEASE_MS = 12_000
 
 
@@ -180,7 +181,10 @@ def test_runs_due_while_sqlite_is_locked_are_each_sent_once(
             release.set()
             holder.join()
 
-    _run_through_an_outage(tmp_path, _beat_envs(beat_env, f"sqlite:///{path}"), away(), broker_url, prefix)
+    # The lock is held for 14 s in all: the leases must outlast it, or a run won just before it is
+    # taken over when it ends (sent again with a new token, legitimately) as its holder marks it sent.
+    envs = [dict(env, HISTORY_APP_LEASE_MS="20000") for env in _beat_envs(beat_env, f"sqlite:///{path}")]
+    _run_through_an_outage(tmp_path, envs, away(), broker_url, prefix)
 
 
 if os.name != "posix":  # pragma: no cover

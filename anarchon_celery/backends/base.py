@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from ..jobs import Job
 
 __all__ = [
+    "CATCH_UP",
+    "GAP",
     "Armed",
     "Backend",
     "Claim",
+    "Gap",
     "Finding",
     "JobState",
     "LeaseStore",
@@ -123,6 +126,32 @@ class Claim:
     #: On a backend with leases: how many of the instances that lose this claim are armed as
     #: the run's backups (see :meth:`Backend.armed`).
     backups: int = 0
+    #: On a backend with leases, for a job that catches up: its
+    #: :func:`~anarchon_celery.jobs.catch_up_key`, which the store keeps beside the job's cursor.
+    #: A win that moves the cursor reports the gap it leaves (:meth:`LeaseStore.gaps`) when the
+    #: key is the one kept; a changed key is kept, and no gap before it is reported.
+    key: str = ""
+    #: ``""``: the claim of a run due. :data:`CATCH_UP`: of a run found past its lateness, won
+    #: only when the job's cursor is below it with the same key (the gap is the winner's).
+    #: :data:`GAP`: of a run inside a gap this instance won, made only by its winner: won unless
+    #: the run was decided otherwise already.
+    kind: str = ""
+
+
+#: A :class:`Claim` of a run found too late, for a job that catches up.
+CATCH_UP = "catch_up"
+#: A :class:`Claim` of a run inside a gap this instance won (see :meth:`LeaseStore.gaps`).
+GAP = "gap"
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """This instance won ``claim``, which moved its job's cursor up from ``after``: the runs of
+    the job's schedule after ``after`` and before the claim's slot (up to it, for a
+    :data:`CATCH_UP` claim) were decided by nobody, and are this instance's to catch up."""
+
+    claim: Claim
+    after: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +259,11 @@ class LeaseStore(abc.ABC):
         send, and tell the other instances (:meth:`handed_back`), so that the runs' backups take
         them over without waiting for the leases to run out; returns how many were given back.
         Never raises for store trouble."""
+
+    @abc.abstractmethod
+    def gaps(self) -> list[Gap]:
+        """The gaps left by the claims this instance won in the last :meth:`Backend.claim` call
+        (claims with a ``key`` only); each is returned once."""
 
     @abc.abstractmethod
     def handed_back(self) -> list[tuple[str, int]]:

@@ -12,13 +12,17 @@ during a store outage, once it is back, each in its own order) is thus still won
 whose record is gone can never be won again, however late an instance comes.
 
 Each job's claims in one call are decided in slot order, whatever order they came in.
+
+Catch-up rides on the same cursor: a win that moves it up past runs nobody decided (every
+instance was down, frozen, or cut off from the store) leaves a gap, which is the winner's alone,
+since the cursor moves once; the scheduler works out the runs inside it from the job's schedule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from .base import Claim, Outcome
+from .base import CATCH_UP, GAP, Claim, Outcome
 
 __all__ = ["decide", "passed_over_kept"]
 
@@ -37,14 +41,28 @@ def decide(
     cursors: dict[str, int | None],
     recorded: Collection[tuple[str, int]],
     kept_ms: int,
+    keys: dict[str, str] | None = None,
+    gaps: dict[int, int] | None = None,
 ) -> list[tuple[Outcome, int]]:
     """Each claim's outcome, with the milliseconds it is early by (EARLY) or late by past its
     deadline (UNDECIDED), else 0. ``cursors`` (job: latest slot decided, None: none yet) is
     updated in place with the wins; ``recorded`` holds the runs ``(job, slot)`` among the claims'
     that have a record; ``kept_ms`` is how long a record is kept after its win. A WON is a new
-    win: its run had no record."""
+    win: its run had no record.
+
+    ``keys`` (job: the :attr:`Claim.key` kept with its cursor, ``""`` when none) is updated in
+    place as the cursors are; ``gaps`` receives, by claim index, the cursor a win moved up from
+    when the claim's key was the one kept (the gap is the winner's to catch up).
+
+    The claims of catch-up (:data:`.base.CATCH_UP`): a run found past its lateness is won only
+    when its job's cursor is below it with the same key; a job seen for the first time, or whose
+    key changed, catches nothing up: its cursor moves up to the run and its key is kept, with no
+    win. A claim of :data:`.base.GAP` (a run inside a gap its instance won) is won unless the run
+    was decided already."""
     results: list[tuple[Outcome, int]] = [(Outcome.UNDECIDED, 0)] * len(claims)
     won: set[tuple[str, int]] = set()
+    keys = {} if keys is None else keys
+    gaps = {} if gaps is None else gaps
     for i in sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot)):
         claim = claims[i]
         key = (claim.job, claim.slot)
@@ -55,10 +73,29 @@ def decide(
             results[i] = (Outcome.EARLY, claim.slot - now_ms)
         elif key in recorded or key in won:
             results[i] = (Outcome.LOST, 0)
+        elif claim.kind == GAP:
+            won.add(key)
+            results[i] = (Outcome.WON, 0)
+        elif claim.kind == CATCH_UP:
+            if cursor is None or keys.get(claim.job, "") != claim.key:
+                keys[claim.job] = claim.key  # nothing from before the job was seen, or changed
+                cursors[claim.job] = claim.slot if cursor is None else max(cursor, claim.slot)
+                results[i] = (Outcome.LOST, 0)
+            elif cursor >= claim.slot:
+                results[i] = (Outcome.LOST, 0)  # decided, or inside the gap of another win
+            else:
+                won.add(key)
+                gaps[i] = cursor
+                cursors[claim.job] = claim.slot
+                results[i] = (Outcome.WON, 0)
         elif cursor is not None and cursor >= claim.slot and not passed_over_kept(claim.slot, now_ms, kept_ms):
             results[i] = (Outcome.LOST, 0)  # its record, if it had one, may be gone
         else:
             won.add(key)
+            if cursor is None or cursor < claim.slot:
+                if claim.key and cursor is not None and keys.get(claim.job, "") == claim.key:
+                    gaps[i] = cursor
+                keys[claim.job] = claim.key
             cursors[claim.job] = claim.slot if cursor is None else max(cursor, claim.slot)
             results[i] = (Outcome.WON, 0)
     return results

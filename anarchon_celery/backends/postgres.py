@@ -185,10 +185,13 @@ class PostgresBackend(SqlBackend):
                 (self.prefix, jobs),
             )
             rows = db.execute(
-                "SELECT job, cursor FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) ORDER BY job FOR UPDATE",
+                "SELECT job, cursor, catch_up_key FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) "
+                "ORDER BY job FOR UPDATE",
                 (self.prefix, jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor in rows}
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _ in rows}
+            keys = {job: key or "" for job, _, key in rows}
+            keys_before = dict(keys)
             # The clock read once the locks are held (now() is the transaction's start, which may
             # be as long ago as the wait for another instance's lock).
             now = db.execute(_CLOCK).fetchone()[0]
@@ -196,7 +199,8 @@ class PostgresBackend(SqlBackend):
             # The runs' records, read (and locked) once their jobs' cursors are: every claim of
             # these jobs waits for this one.
             records = self._records(_Placeholders(db, self._sql), [(c.job, c.slot) for c in claims])
-            results = decide(claims, now, cursors, records, self.slot_ttl_ms)
+            gaps: dict[int, int] = {}
+            results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
             if recover:  # a run this instance already holds was won by the try whose answer was lost
                 results = [
@@ -207,12 +211,13 @@ class PostgresBackend(SqlBackend):
                     else (outcome, amount)
                     for claim, (outcome, amount) in zip(claims, results)
                 ]
-            moved = [job for job in jobs if cursors[job] != before[job]]
+            moved = [job for job in jobs if (cursors[job], keys[job]) != (before[job], keys_before[job])]
             if moved:
                 db.execute(
-                    "UPDATE anarchon_jobs AS j SET cursor = v.cursor FROM "
-                    "unnest(%s::text[], %s::bigint[]) AS v(job, cursor) WHERE j.prefix = %s AND j.job = v.job",
-                    (moved, [cursors[job] for job in moved], self.prefix),
+                    "UPDATE anarchon_jobs AS j SET cursor = v.cursor, catch_up_key = v.key FROM "
+                    "unnest(%s::text[], %s::bigint[], %s::text[]) AS v(job, cursor, key) "
+                    "WHERE j.prefix = %s AND j.job = v.job",
+                    (moved, [_stored(cursors[job]) for job in moved], [keys[job] for job in moved], self.prefix),
                 )
             if won:
                 db.execute(
@@ -230,7 +235,7 @@ class PostgresBackend(SqlBackend):
                         [c.deadline_ms for c in won],
                     ),
                 )
-            return self._arm(db, claims, results, now, records)
+            return self._arm(db, claims, results, now, records, gaps)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A notification per run, sent when the transaction commits."""
@@ -367,3 +372,8 @@ def _shown(url: str) -> str:
         netloc = f"{user}{':**' if colon else ''}@{hosts}"
     tail = re.sub(r"(^|[?&])password=[^&]*", r"\1password=**", tail)
     return f"{scheme}://{netloc}{slash}{tail}"
+
+
+def _stored(cursor: int | None) -> int:
+    """A cursor as its row holds it: -1 for none yet."""
+    return -1 if cursor is None else cursor

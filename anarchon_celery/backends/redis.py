@@ -202,13 +202,15 @@ class RedisBackend(StoreBackend):
         args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0", self.lease_ms]
         for claim in claims:
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
-            args += [claim.job, str(claim.slot), str(deadline), str(claim.backups)]
-        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer == b"won")
+            args += [claim.job, str(claim.slot), str(deadline), str(claim.backups), claim.key, claim.kind]
+        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer.startswith(b"won"))
         results = []
         for answer in answers:
             outcome, *amounts = answer.decode().split(":")
             if outcome == "backup":
                 results.append(Answer(Outcome.LOST, int(amounts[0]), int(amounts[1])))
+            elif outcome == "won":
+                results.append(Answer(Outcome.WON, after=int(amounts[0]) if amounts else None))
             else:
                 results.append(Answer(Outcome(outcome), int(amounts[0]) if amounts else 0))
         return results
@@ -379,10 +381,10 @@ class RedisBackend(StoreBackend):
     # -- what removed jobs leave ----------------------------------------------------------------
 
     def _job_keys(self, pattern_job: str) -> dict[str, list[bytes]]:
-        """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, run records, history."""
+        """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, catch-up key, run records, history."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
         found: dict[str, list[bytes]] = {}
-        for kind in ("cursor", "run", "history"):
+        for kind in ("cursor", "catchup", "run", "history"):
             for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)

@@ -17,18 +17,30 @@ local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)
 # KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
 # cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
 # counts as won: the answer of an earlier try was lost), lease_ms, then job, slot, deadline (-1:
-# none) and backups wanted for each claim. Returns, per claim: "won", "lost", "undecided:<ms>",
-# "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a backup).
+# none), backups wanted, catch-up key ('' : none) and kind ('', 'catch_up' or 'gap') for each
+# claim. Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "lost",
+# "undecided:<ms>", "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a
+# backup). Each job's catch-up key is <prefix>catchup.<job>.
 CLAIM = (
     TIME
     + """
 local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local out = {}
 local i = 6
+local function record(run_key, deadline_text)
+  redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
+             'deadline_ms', deadline_text, 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
+  redis.call('PEXPIRE', run_key, ttl)
+end
+local function keep_key(key_key, key)
+  if key == '' then redis.call('DEL', key_key) else redis.call('SET', key_key, key) end
+end
 while i <= #ARGV do
   local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local key, kind = ARGV[i + 4], ARGV[i + 5]
   local slot = tonumber(slot_text)
   local cursor_key = prefix .. 'cursor.' .. job
+  local key_key = prefix .. 'catchup.' .. job
   local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
   if deadline >= 0 and now > deadline then
     out[#out + 1] = 'undecided:' .. string.format('%d', now - deadline)
@@ -49,19 +61,40 @@ while i <= #ARGV do
       else
         out[#out + 1] = 'lost'
       end
+    elseif kind == 'gap' then  -- inside a gap this instance won: the cursor is past it already
+      record(run_key, ARGV[i + 2])
+      out[#out + 1] = 'won'
+    elseif kind == 'catch_up' then
+      if not cursor or (redis.call('GET', key_key) or '') ~= key then  -- new, or changed: from now on
+        keep_key(key_key, key)
+        if not cursor or cursor < slot then redis.call('SET', cursor_key, slot_text) end
+        out[#out + 1] = 'lost'
+      elseif cursor >= slot then
+        out[#out + 1] = 'lost'
+      else
+        redis.call('SET', cursor_key, slot_text)
+        record(run_key, ARGV[i + 2])
+        out[#out + 1] = 'won:' .. string.format('%d', cursor)
+      end
     elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
       out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
     else
+      local answer = 'won'
       if not cursor or cursor < slot then
         redis.call('SET', cursor_key, slot_text)
+        if key == '' then
+          redis.call('DEL', key_key)  -- (nothing is written when there is none)
+        elseif (redis.call('GET', key_key) or '') == key then
+          if cursor then answer = 'won:' .. string.format('%d', cursor) end
+        else
+          redis.call('SET', key_key, key)
+        end
       end
-      redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
-                 'deadline_ms', ARGV[i + 2], 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
-      redis.call('PEXPIRE', run_key, ttl)
-      out[#out + 1] = 'won'
+      record(run_key, ARGV[i + 2])
+      out[#out + 1] = answer
     end
   end
-  i = i + 4
+  i = i + 6
 end
 return out
 """

@@ -114,11 +114,13 @@ class SqlBackend(StoreBackend):
         decided: Sequence[tuple[Outcome, int]],
         now: int,
         records: Mapping[tuple[str, int], RunRecord],
+        gaps: Mapping[int, int],
     ) -> list[Answer]:
         """The answers to claims decided in ``raw``'s transaction, the losers of runs still only
         claimed armed as their backups (while the claims want more). ``records`` are the runs'
-        records as read (and locked) in the transaction, before its wins."""
-        answers = [Answer(outcome, amount) for outcome, amount in decided]
+        records as read (and locked) in the transaction, before its wins; ``gaps`` the gaps the
+        wins left, by claim index (see :func:`.ordered.decide`)."""
+        answers = [Answer(outcome, amount, 0, gaps.get(i)) for i, (outcome, amount) in enumerate(decided)]
         losers = [i for i, (outcome, _) in enumerate(decided) if outcome is Outcome.LOST and claims[i].backups > 0]
         if not losers:
             return answers

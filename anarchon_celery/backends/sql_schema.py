@@ -75,6 +75,7 @@ TABLES = (
             Column("prefix", "text"),
             Column("job", "text"),
             Column("cursor", "bigint", comment="every slot at or below it is decided"),
+            Column("catch_up_key", "text", null=True, comment="the schedule it catches up on", added=True),
         ),
         key=("prefix", "job"),
     ),

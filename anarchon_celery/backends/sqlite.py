@@ -269,17 +269,27 @@ class SQLiteBackend(SqlBackend):
         with self._transaction() as db:
             now = db.execute(_NOW).fetchone()[0]
             found = db.execute(
-                f"SELECT job, cursor FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
+                "SELECT job, cursor, catch_up_key FROM anarchon_jobs "
+                f"WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
                 (self.prefix, *jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = dict(found)
+            cursors: dict[str, int | None] = {job: cursor for job, cursor, _ in found}
+            keys = {job: key or "" for job, _, key in found}
+            before = dict(cursors), dict(keys)
             records = self._records(db, [(c.job, c.slot) for c in claims])
-            results = decide(claims, now, cursors, records, self.slot_ttl_ms)
+            gaps: dict[int, int] = {}
+            results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
+            moved = [
+                job
+                for job in jobs
+                if (cursors.get(job), keys.get(job, "")) != (before[0].get(job), before[1].get(job, ""))
+            ]
             db.executemany(
-                "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, ?) "
-                "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor",
-                [(self.prefix, job, cursors[job]) for job in sorted({claim.job for claim in won})],
+                "INSERT INTO anarchon_jobs (prefix, job, cursor, catch_up_key) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor, "
+                "catch_up_key = excluded.catch_up_key",
+                [(self.prefix, job, cursors[job], keys.get(job, "")) for job in moved],
             )
             db.executemany(
                 "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
@@ -289,7 +299,7 @@ class SQLiteBackend(SqlBackend):
                     for claim in won
                 ],
             )
-            return self._arm(db, claims, results, now, records)
+            return self._arm(db, claims, results, now, records, gaps)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A row per run, which the other instances read at their next wake-up (and forgotten an

@@ -29,6 +29,7 @@ from .base import (
     Backend,
     Claim,
     Finding,
+    Gap,
     JobState,
     LeaseStore,
     MissedRuns,
@@ -66,6 +67,8 @@ class Answer(NamedTuple):
     outcome: Outcome
     amount: int = 0
     rank: int = 0
+    #: A win that left a gap: the cursor it moved up from (see :class:`.base.Gap`).
+    after: int | None = None
 
 
 _Store = TypeVar("_Store", bound="StoreBackend")
@@ -100,6 +103,7 @@ class StoreBackend(Backend, LeaseStore, JobState):
         self._outage_reminded = 0.0  # time.monotonic() of its last line
         self._missed = MissedRuns()
         self._armed: list[Armed] = []
+        self._gaps: list[Gap] = []
         #: Runs whose claim's answer may have been lost with every try: made again (by the
         #: scheduler, as AWAY), they are asked with recovery, which finds a win of this instance.
         self._in_doubt: set[tuple[str, int]] = set()
@@ -163,26 +167,12 @@ class StoreBackend(Backend, LeaseStore, JobState):
             self._recovered()
             self._in_doubt.difference_update(keys[i] for i in todo)
             soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
-            for i, (outcome, amount, rank) in zip(todo, answers):
+            for i, (outcome, amount, rank, after) in zip(todo, answers):
                 if outcome is Outcome.EARLY and not waited and amount <= EARLY_WAIT_MS:
                     soon.append((i, amount))
                     continue
                 outcomes[i] = outcome
-                if rank:
-                    self._armed.append(Armed(claims[i], rank, amount))
-                if outcome is Outcome.UNDECIDED:
-                    logger.warning(
-                        "anarchon: job %r slot %d: past its deadline by %d ms on %s; not run by this instance",
-                        claims[i].job,
-                        claims[i].slot,
-                        amount,
-                        self.clock_name,
-                    )
-                elif outcome is Outcome.WON and on_won is not None:
-                    try:
-                        on_won(claims[i])
-                    except Exception:  # the run is won all the same
-                        logger.exception("anarchon: job %r slot %d: on_won failed", claims[i].job, claims[i].slot)
+                self._answered(claims[i], Answer(outcome, amount, rank, after), on_won)
             if not soon:
                 break
             time.sleep(max(amount for _, amount in soon) / 1000)
@@ -192,6 +182,27 @@ class StoreBackend(Backend, LeaseStore, JobState):
         # Not decided for want of the store: claimed again until their deadline (see the module).
         left = Outcome.AWAY if failed else Outcome.UNDECIDED
         return [outcomes.get(i, left) for i in range(len(claims))]
+
+    def _answered(self, claim: Claim, answer: Answer, on_won: Callable[[Claim], None] | None) -> None:
+        """Note a claim's final answer: a backup armed, a gap left, a deadline passed, a win."""
+        outcome, amount, rank, after = answer
+        if rank:
+            self._armed.append(Armed(claim, rank, amount))
+        if after is not None and outcome is Outcome.WON:
+            self._gaps.append(Gap(claim, after))
+        if outcome is Outcome.UNDECIDED:
+            logger.warning(
+                "anarchon: job %r slot %d: past its deadline by %d ms on %s; not run by this instance",
+                claim.job,
+                claim.slot,
+                amount,
+                self.clock_name,
+            )
+        elif outcome is Outcome.WON and on_won is not None:
+            try:
+                on_won(claim)
+            except Exception:  # the run is won all the same
+                logger.exception("anarchon: job %r slot %d: on_won failed", claim.job, claim.slot)
 
     def _forget_doubts(self) -> None:
         """Drop the doubts about runs older than any claim of them can be (``slot_ttl_ms``)."""
@@ -204,6 +215,10 @@ class StoreBackend(Backend, LeaseStore, JobState):
     def armed(self) -> list[Armed]:
         armed, self._armed = self._armed, []
         return armed
+
+    def gaps(self) -> list[Gap]:
+        gaps, self._gaps = self._gaps, []
+        return gaps
 
     def take_over(self, claims: Sequence[Claim], instance: str) -> list[Takeover]:
         if not claims:
@@ -315,6 +330,9 @@ class StoreBackend(Backend, LeaseStore, JobState):
             f"runs can be decided (the store takes writes); a winner holds its run for {self.lease_ms} ms, "
             f"{backups} backup(s) per run"
         )
+        policies = {policy: sorted(job.name for job in jobs if job.catch_up == policy) for policy in ("latest", "all")}
+        caught = "; ".join(f"catch-up {policy}: {', '.join(names)}" for policy, names in policies.items() if names)
+        shown += f"; {caught}" if caught else "; no job catches up missed runs"
         blind = sorted(job.name for job in jobs if backups_never_act(job, self.lease_ms))
         if blind:
             return Finding(

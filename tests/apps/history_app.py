@@ -55,6 +55,8 @@ if os.environ.get("HISTORY_APP_CONNECT_TIMEOUT"):  # seconds a connection attemp
     app.conf.broker_connection_timeout = float(os.environ["HISTORY_APP_CONNECT_TIMEOUT"])
 if os.environ.get("HISTORY_APP_LEASE_MS"):  # a backend with leases
     app.conf.anarchon_lease_ms = int(os.environ["HISTORY_APP_LEASE_MS"])
+if os.environ.get("HISTORY_APP_CATCH_UP"):  # a policy for the runs missed: latest or all
+    app.conf.anarchon_catch_up = os.environ["HISTORY_APP_CATCH_UP"]
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 
@@ -82,6 +84,6 @@ if os.environ.get("HISTORY_APP_OUTAGE_REMINDER_S"):  # an outage reminded sooner
 if os.environ.get("HISTORY_APP_BAD_CRON"):  # a @cron with an option that is refused
     import anarchon_celery
 
-    @anarchon_celery.cron("* * * * *", catch_up=True)
+    @anarchon_celery.cron("* * * * *", hand_over=True)
     @app.task(name="history_app.caught", shared=False)
     def caught() -> None: ...
