@@ -15,7 +15,8 @@ from .backends import (
     RedisBackend,
     SQLiteBackend,
 )
-from .control import ManualRun, history, last_run, run_now
+from .backfilling import BackfillReport
+from .control import ManualRun, backfill, history, last_run, run_now
 from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .history import Run
 from .jobs import Job, cron, task_id_for
@@ -33,12 +34,14 @@ __all__ = [
     # In a task: the run it executes
     "scheduled_run",
     "ScheduledRun",
-    # History and manual runs
+    # History, manual runs and backfills
     "history",
     "last_run",
     "run_now",
+    "backfill",
     "Run",
     "ManualRun",
+    "BackfillReport",
     # Backends
     "Backend",
     "RabbitMQBackend",

@@ -23,6 +23,7 @@ from .backends import JobState, StreamHistory
 from .backends.base import Finding, checked
 from .control import (
     Deployment,
+    backfill,
     check_prefix_unshared,
     classic_task_queues_on_a_cluster,
     configure,
@@ -246,6 +247,41 @@ def run_now_command(ctx: click.Context, job: str, as_json: bool) -> None:
         click.echo(json.dumps({"job": run.job, "run_id": run.run_id, "task_id": run.task_id}))
     else:
         click.echo(f"sent job {run.job}: run {run.run_id}, task {run.task_id}")
+
+
+@anarchon.command(name="backfill")
+@click.argument("job")
+@click.option("--since", required=True, metavar="TIME", help="The first instant, ISO 8601 (in the job's time zone).")
+@click.option("--until", required=True, metavar="TIME", help="The end (excluded), ISO 8601; not in the future.")
+@click.option(
+    "--rate", type=click.FloatRange(0, 1000, min_open=True), default=10.0, show_default=True, help="Runs a second."
+)
+@click.option("--dry-run", is_flag=True, help="Send nothing: list the runs that would be sent.")
+@json_option
+@click.pass_context
+@_fail_cleanly
+def backfill_command(
+    ctx: click.Context, job: str, since: str, until: str, rate: float, dry_run: bool, as_json: bool
+) -> None:
+    """Send JOB's runs from --since to --until on purpose (trigger 'backfill'), whatever its
+    catch-up policy: each once, however often it is asked for (Redis, PostgreSQL, SQLite)."""
+    with _deployment(ctx) as deployment:
+        report = backfill(_app(ctx), job, since, until, rate=rate, dry_run=dry_run, deployment=deployment)
+        tz = deployment.job(job).tz
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        verb = "would send" if dry_run else "sent"
+        click.echo(
+            f"job {report.job}: {verb} {len(report.sent)} run(s), {len(report.already)} backfilled already, "
+            f"{len(report.failed)} failed"
+        )
+        for slot in report.sent:
+            click.echo(f"  {verb} {_iso(slot, tz)}")
+        for slot, error in report.failed:
+            click.echo(f"  failed {_iso(slot, tz)}: {error}")
+    if report.failed:
+        ctx.exit(1)
 
 
 @anarchon.command()

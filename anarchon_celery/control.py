@@ -13,6 +13,7 @@ from typing import Any
 from . import clock, docs
 from .backends import Backend, StreamHistory, backend_for
 from .backends.rabbitmq import history_name
+from .backfilling import BackfillReport, backfill_runs, instant_ms
 from .errors import ConfigError
 from .history import Run, encode_event, fold
 from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
@@ -21,6 +22,7 @@ from .settings import LEASE_SETTINGS, LEGACY_PREFIX, Settings
 
 __all__ = [
     "ManualRun",
+    "backfill",
     "configure",
     "delete_history_stream",
     "history",
@@ -194,6 +196,35 @@ def _run_now(app: Any, deployment: Deployment, job: str) -> ManualRun:
     finally:
         connection.release()
     return ManualRun(spec.name, run_id, run_id)
+
+
+def backfill(
+    app: Any,
+    job: str,
+    since: Any,
+    until: Any,
+    *,
+    rate: float = 10.0,
+    dry_run: bool = False,
+    deployment: Deployment | None = None,
+) -> BackfillReport:
+    """Send the runs of ``job`` due from ``since`` (included) to ``until`` (excluded), on purpose,
+    whatever its catch-up policy: at ``rate`` runs a second at most, each with trigger
+    ``backfill``, and each once however often it is asked for (see
+    :mod:`anarchon_celery.backfilling`). ``since`` and ``until`` are datetimes (naive ones in the
+    job's time zone), ISO 8601 text or epoch milliseconds; ``until`` may not be in the future.
+    ``dry_run`` sends nothing and says which runs would be sent. Redis, PostgreSQL and SQLite
+    only. A ``deployment`` given is the caller's to release."""
+    own = deployment is None
+    deployment = deployment or configure(app)
+    try:
+        spec = deployment.job(job)
+        start, end = instant_ms(since, spec.tz, "since"), instant_ms(until, spec.tz, "until")
+        deployment.backend.open()
+        return backfill_runs(app, deployment.backend, spec, start, end, rate=rate, dry_run=dry_run)
+    finally:
+        if own:
+            deployment.release()
 
 
 # -- history streams of jobs that are gone ------------------------------------------------------

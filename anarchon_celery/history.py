@@ -110,7 +110,7 @@ class Run:
     run_id: str
     job: str
     status: str  # sent, unsent, skipped, running, succeeded, failed, revoked or abandoned
-    trigger: str | None  # "schedule", "catch_up" or "manual"; None when the sent event was trimmed away
+    trigger: str | None  # schedule, catch_up, backfill or manual; None when the sent event was trimmed away
     slot: int | None
     task_id: str | None
     task: str | None

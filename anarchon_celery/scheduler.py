@@ -293,19 +293,24 @@ class Scheduler(beat.Scheduler):
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won and claim.kind != CATCH_UP:  # not reported as they came
                 runs.append(self._outgoing(claim, now, token))
-        runs += self._caught_up(backend)
+        runs += self._caught_up(
+            backend, [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
+        )
         return self._send_held(runs) if runs else []
 
-    def _caught_up(self, backend: Backend) -> list[Outgoing]:
+    def _caught_up(self, backend: Backend, won: list[Claim]) -> list[Outgoing]:
         """The runs of catch-up of the gaps the claims just won left (see :mod:`.catching_up`):
         the runs of each gap inside the window are claimed (one call for all) and those won sent,
-        with trigger ``catch_up``; the runs not sent are logged and recorded ``skipped``."""
+        with trigger ``catch_up``; the runs not sent are logged and recorded ``skipped``. ``won``:
+        the catch-up claims won, each sent whether or not its gap was told (an answer lost with
+        its connection is found won again, without its gap: then it stands for itself)."""
         store = backend.lease_store
         gaps = store.gaps() if store is not None else []
-        if not gaps:
+        if not gaps and not won:
             return []
         now = clock.now_ms()
-        runs: list[Outgoing] = []
+        told = {(gap.claim.job, gap.claim.slot) for gap in gaps}
+        runs = [self._outgoing(claim, now, 1, 1) for claim in won if (claim.job, claim.slot) not in told]
         inside: list[tuple[Claim, int]] = []  # the gaps' runs to claim, with how many each stands for
         for gap in gaps:
             job = self.jobs[gap.claim.job]

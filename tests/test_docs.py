@@ -364,7 +364,7 @@ _STARTED = {"beat": "anarchon jobs ->", "worker": "[queues]"}
 @pytest.mark.parametrize("where,command", CELERY, ids=[shlex.join(command) for _, command in CELERY])
 def test_celery_commands_run(where: str, command: list[str], vhost: str, tmp_path: Path) -> None:
     assert command[1] == "-A" and (EXAMPLES / f"{command[2]}.py").exists(), f"{where}: -A names a docs/examples project"
-    env = _environment(vhost)
+    env = dict(_environment(vhost), PROJ_DB=str(tmp_path / "anarchon.db"))  # proj_sqlite's store
     long_running = next((word for word in command[3:] if word in _STARTED), None)
     if long_running is None or "anarchon" in command:
         done = run(command, cwd=EXAMPLES, env=env)
@@ -462,6 +462,7 @@ def _check_against_help(where: str, program: list[str], arguments: list[str]) ->
 RUN_EXAMPLES = {
     "proj.py": "imported by every python block, and run by the celery commands",
     "proj_postgres.py": "run by `celery -A proj_postgres anarchon schema`",
+    "proj_sqlite.py": "run by `celery -A proj_sqlite anarchon backfill ...`",
     "inspect_runs.py": "test_inspect_runs",
 }
 
@@ -469,6 +470,7 @@ RUN_EXAMPLES = {
 def test_every_example_file_is_run() -> None:
     assert {path.name for path in EXAMPLES.glob("*.py")} == set(RUN_EXAMPLES)
     assert any(command[2] == "proj_postgres" for _, command in CELERY)
+    assert any(command[2] == "proj_sqlite" for _, command in CELERY)
     assert any(command[2] == "proj" for _, command in CELERY)
 
 

@@ -208,7 +208,7 @@ VALUES: dict[str, st.SearchStrategy[object]] = {
     "task_id": TEXT,
     "task": TEXT,
     "instance": TEXT,
-    "trigger": st.sampled_from(["schedule", "catch_up", "manual"]),
+    "trigger": st.sampled_from(["schedule", "catch_up", "backfill", "manual"]),
     "coalesced": st.integers(1, 100),
     "count": st.integers(1, 100_000),
     "first_slot": st.integers(0, 2**53),

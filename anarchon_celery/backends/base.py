@@ -266,6 +266,22 @@ class LeaseStore(abc.ABC):
         (claims with a ``key`` only); each is returned once."""
 
     @abc.abstractmethod
+    def mark_backfilled(self, job: str, slots: Sequence[int], instance: str) -> list[bool]:
+        """Mark runs of ``job`` backfilled by ``instance`` (see :mod:`anarchon_celery.backfilling`):
+        True for each run marked now, to be sent; False for one marked already. The marks are
+        kept until the job's state is deleted (:meth:`JobState.forget_job`). Raises
+        BrokerUnavailable when the store cannot be reached."""
+
+    @abc.abstractmethod
+    def unmark_backfilled(self, job: str, slots: Sequence[int]) -> None:
+        """Take back the marks of runs whose send failed, so that a backfill asked again sends
+        them. Raises BrokerUnavailable when the store cannot be reached."""
+
+    @abc.abstractmethod
+    def backfilled(self, job: str, slots: Sequence[int]) -> set[int]:
+        """Which of ``slots`` of ``job`` are marked backfilled. Raises BrokerUnavailable."""
+
+    @abc.abstractmethod
     def handed_back(self) -> list[tuple[str, int]]:
         """The runs ``(job, slot)`` other instances handed back since the last call (the first
         call starts listening). Cheap: called at each wake-up. Never raises for store trouble."""

@@ -292,7 +292,7 @@ class PostgresBackend(SqlBackend):
             "-- anarchon_celery's tables (PostgreSQL), in the schema the backend's user connects to.\n"
             "-- Its user then needs, with USER its name:\n"
             "--   GRANT SELECT, INSERT, UPDATE, DELETE ON anarchon_jobs, anarchon_runs, anarchon_events,\n"
-            "--     anarchon_peers TO USER;\n"
+            "--     anarchon_peers, anarchon_backfills TO USER;\n"
             "--   GRANT USAGE ON SEQUENCE anarchon_events_id_seq, anarchon_peers_id_seq TO USER;" + _TABLES
         )
 

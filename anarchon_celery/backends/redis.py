@@ -258,6 +258,24 @@ class RedisBackend(StoreBackend):
             args += [job, str(slot), str(token)]
         return int(self._hand_back_script(args=args))
 
+    def _mark_backfilled(self, job: str, slots: Sequence[int], instance: str) -> list[bool]:
+        """A field per run in the hash ``<prefix>backfill.<job>``, set unless it is there."""
+        key = f"{self.prefix}backfill.{job}"
+        with self.client.pipeline(transaction=True) as pipe:
+            for slot in slots:
+                pipe.hsetnx(key, str(slot), instance)
+            return [bool(added) for added in pipe.execute()]
+
+    def _unmark_backfilled(self, job: str, slots: Sequence[int]) -> None:
+        if slots:
+            self.client.hdel(f"{self.prefix}backfill.{job}", *(str(slot) for slot in slots))
+
+    def _backfilled(self, job: str, slots: Sequence[int]) -> set[int]:
+        if not slots:
+            return set()
+        found = self.client.hmget(f"{self.prefix}backfill.{job}", [str(slot) for slot in slots])
+        return {slot for slot, value in zip(slots, found) if value is not None}
+
     def _handed_back(self) -> list[tuple[str, int]]:
         pubsub = self._pubsub
         if pubsub is None:
@@ -384,7 +402,7 @@ class RedisBackend(StoreBackend):
         """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, catch-up key, run records, history."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
         found: dict[str, list[bytes]] = {}
-        for kind in ("cursor", "catchup", "run", "history"):
+        for kind in ("cursor", "catchup", "run", "history", "backfill"):
             for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)

@@ -184,6 +184,42 @@ class SqlBackend(StoreBackend):
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """Tell the other instances, in ``db``'s transaction, of runs handed back."""
 
+    def _mark_backfilled(self, job: str, slots: Sequence[int], instance: str) -> list[bool]:
+        """A row per run, inserted unless there is one: two backfills of one range mark each run
+        once, whichever inserts first."""
+        with self._rows() as db:
+            now = self._now(db)
+            return [
+                db.execute(
+                    "INSERT INTO anarchon_backfills (prefix, job, slot, instance, at_ms) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (prefix, job, slot) DO NOTHING",
+                    (self.prefix, job, slot, instance, now),
+                ).rowcount
+                == 1
+                for slot in slots
+            ]
+
+    def _unmark_backfilled(self, job: str, slots: Sequence[int]) -> None:
+        with self._rows() as db:
+            db.executemany(
+                "DELETE FROM anarchon_backfills WHERE prefix = ? AND job = ? AND slot = ?",
+                [(self.prefix, job, slot) for slot in slots],
+            )
+
+    def _backfilled(self, job: str, slots: Sequence[int]) -> set[int]:
+        found: set[int] = set()
+        unique = sorted(set(slots))
+        with self._rows() as db:
+            for start in range(0, len(unique), 400):
+                part = unique[start : start + 400]
+                rows = db.execute(
+                    f"SELECT slot FROM anarchon_backfills WHERE prefix = ? AND job = ? AND slot IN "
+                    f"({', '.join('?' * len(part))})",
+                    (self.prefix, job, *part),
+                ).fetchall()
+                found.update(int(slot) for (slot,) in rows)
+        return found
+
     def run_record(self, job: str, slot: int) -> RunRecord | None:
         """The record of a run won, while it is kept: for tests and diagnostics."""
         with self._rows() as db:
@@ -348,7 +384,7 @@ class SqlBackend(StoreBackend):
     def forget_job(self, job: str) -> None:
         try:
             with self._rows() as db:
-                for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events"):
+                for table in ("anarchon_jobs", "anarchon_runs", "anarchon_events", "anarchon_backfills"):
                     db.execute(f"DELETE FROM {table} WHERE prefix = ? AND job = ?", (self.prefix, job))
         except self.failure_errors as exc:
             raise BrokerUnavailable(f"cannot delete job {job!r} from {self.describe()}: {_first_line(exc)}") from exc

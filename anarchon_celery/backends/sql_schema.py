@@ -97,6 +97,17 @@ TABLES = (
         indexes=(("anarchon_runs_decided", "decided_ms"),),
     ),
     Table(
+        "anarchon_backfills",  # each run backfilled, once (celery anarchon backfill)
+        (
+            Column("prefix", "text"),
+            Column("job", "text"),
+            Column("slot", "bigint"),
+            Column("instance", "text", comment="the instance that sent it"),
+            Column("at_ms", "bigint", comment="when, on the store's clock"),
+        ),
+        key=("prefix", "job", "slot"),
+    ),
+    Table(
         "anarchon_events",
         (Column("id", "id"), Column("prefix", "text"), Column("job", "text"), Column("event", "text")),
         indexes=(("anarchon_events_job", "prefix, job, id"),),

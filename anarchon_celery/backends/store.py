@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .. import clock
-from ..errors import ConfigError
+from ..errors import BrokerUnavailable, ConfigError
 from ..jobs import Job, backups_never_act
 from .base import (
     Armed,
@@ -271,6 +271,33 @@ class StoreBackend(Backend, LeaseStore, JobState):
                 exc,
             )
             return 0
+
+    def mark_backfilled(self, job: str, slots: Sequence[int], instance: str) -> list[bool]:
+        return self._backfill_step("mark runs backfilled", lambda: self._mark_backfilled(job, slots, instance))
+
+    def unmark_backfilled(self, job: str, slots: Sequence[int]) -> None:
+        self._backfill_step("take back marks of runs backfilled", lambda: self._unmark_backfilled(job, slots))
+
+    def backfilled(self, job: str, slots: Sequence[int]) -> set[int]:
+        return self._backfill_step("read the runs backfilled", lambda: self._backfilled(job, slots))
+
+    def _backfill_step(self, what: str, step: Callable[[], T]) -> T:
+        try:
+            return step()
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            raise BrokerUnavailable(f"{self.describe()} cannot {what}: {type(exc).__name__}: {exc}") from exc
+
+    @abc.abstractmethod
+    def _mark_backfilled(self, job: str, slots: Sequence[int], instance: str) -> list[bool]:
+        """See :meth:`mark_backfilled`; one atomic step, which may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _unmark_backfilled(self, job: str, slots: Sequence[int]) -> None:
+        """See :meth:`unmark_backfilled`; may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _backfilled(self, job: str, slots: Sequence[int]) -> set[int]:
+        """See :meth:`backfilled`; may raise the store's errors."""
 
     def handed_back(self) -> list[tuple[str, int]]:
         try:
