@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import threading
@@ -42,8 +41,9 @@ from anarchon_celery.backends.rabbitmq import (
 from anarchon_celery.history import encode_event, fold
 
 from .support import broker_control as control
-from .support import postgres_servers
+from .support import postgres_servers, races
 from .support.proxy import Proxy
+from .support.races import open_kind
 from .support.redis_servers import OwnRedisServer
 
 pytestmark = pytest.mark.broker
@@ -353,8 +353,8 @@ def test_a_store_restart_keeps_every_decision_and_lease(
         if shutil.which("pg_ctlcluster") is None or os.environ.get("ANARCHON_TEST_POSTGRES"):
             pytest.skip("the PostgreSQL of the tests is not this machine's cluster: not ours to restart")
         url, prefix = request.getfixturevalue("postgres_url"), request.getfixturevalue("postgres_prefix")
-    a = _open_kind(kind, url, prefix, lease_ms=60_000)
-    b = _open_kind(kind, url, prefix, lease_ms=60_000)
+    a = open_kind(kind, url, prefix, lease_ms=60_000)
+    b = open_kind(kind, url, prefix, lease_ms=60_000)
     try:
         now = a.store_now_ms()  # type: ignore[attr-defined]
         first = Claim("job", now - 10, deadline_ms=now + 120_000, backups=1)
@@ -383,7 +383,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
 def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:
     kind, target, prefix, me, start = args
     # The new holder's lease outlasts the race, however busy the machine: the others find it held.
-    backend = _open_kind(kind, target, prefix, lease_ms=60_000)
+    backend = open_kind(kind, target, prefix, lease_ms=60_000)
     runs = [Claim("race", slot, deadline_ms=None, backups=1) for slot in range(1000, 1040)]
     start.wait()
     try:
@@ -396,48 +396,24 @@ def _take_over_race(args: tuple[str, str, str, int, Any]) -> list[str]:
 def test_processes_taking_the_same_runs_over_get_one_new_holder_each(
     kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
 ) -> None:
-    target = {
-        "sqlite": lambda: str(tmp_path / "race.db"),
-        "redis": lambda: request.getfixturevalue("redis_url"),
-        "postgres": lambda: request.getfixturevalue("postgres_url"),
-    }[kind]()
-    if kind in ("redis", "postgres"):
-        prefix = request.getfixturevalue(f"{kind}_prefix")
-    first = _open_kind(kind, target, prefix, lease_ms=100)
+    target, prefix = races.place(kind, request, tmp_path, prefix)
+    first = open_kind(kind, target, prefix, lease_ms=100)
     try:  # 40 runs won by a winner that then dies: its leases run out
         assert first.claim([Claim("race", slot) for slot in range(1000, 1040)], "dead") == [Outcome.WON] * 40
     finally:
         first.close()
     time.sleep(0.2)
     processes = 4
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_take_over_race, [(kind, target, prefix, i, start) for i in range(processes)])
+    results = races.race(_take_over_race, processes, kind, target, prefix)
     for n in range(40):
         answers = Counter(result[n].split(":")[0] for result in results)
         assert answers == {"won": 1, "held": processes - 1}, (n, answers)
         assert [r[n] for r in results if r[n].startswith("won")] == ["won:2"]
 
 
-def _open_kind(kind: str, target: str, prefix: str, lease_ms: int = 5_000) -> Backend:
-    backend: Backend
-    if kind == "rabbitmq":
-        backend = RabbitMQBackend(target, prefix=prefix, slot_ttl_ms=60_000)
-    elif kind == "redis":
-        backend = RedisBackend(target, prefix=prefix, lease_ms=lease_ms)
-    elif kind == "postgres":
-        backend = PostgresBackend(target, prefix=prefix, lease_ms=lease_ms)
-    else:
-        backend = SQLiteBackend(target, prefix=prefix, lease_ms=lease_ms)
-    backend.open()
-    return backend
-
-
 def _race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
     kind, target, prefix, rounds, me, start = args
-    backend = _open_kind(kind, target, prefix)
+    backend = open_kind(kind, target, prefix)
     start.wait()
     try:
         # Each process claims a batch: its own job's run, and the run every process races for.
@@ -451,20 +427,9 @@ def _race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
 def test_processes_racing_for_the_same_runs_get_one_winner_each(
     kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
 ) -> None:
-    target = {
-        "rabbitmq": lambda: request.getfixturevalue("broker_url"),
-        "sqlite": lambda: str(tmp_path / "race.db"),
-        "redis": lambda: request.getfixturevalue("redis_url"),
-        "postgres": lambda: request.getfixturevalue("postgres_url"),
-    }[kind]()
-    if kind in ("redis", "postgres"):
-        prefix = request.getfixturevalue(f"{kind}_prefix")  # its keys or rows deleted after the test
+    target, prefix = races.place(kind, request, tmp_path, prefix)
     processes, rounds = 6, 100
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_race, [(kind, target, prefix, rounds, i, start) for i in range(processes)])
+    results = races.race(_race, processes, kind, target, prefix, rounds)
     for n in range(rounds):
         outcomes = Counter(result[n] for result in results)
         assert outcomes == {"won": 1, "lost": processes - 1}, (n, outcomes)

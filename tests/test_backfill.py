@@ -4,7 +4,6 @@ for, on each store; the tasks go to the suite's RabbitMQ, where they are counted
 from __future__ import annotations
 
 import datetime as dt
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ from anarchon_celery import ConfigError
 from anarchon_celery.backfilling import MAX_BACKFILL_RUNS, backfill_task_id, instant_ms
 from anarchon_celery.schedule import resolve_tz
 
-from .test_backends import _open_kind, make_backend  # noqa: F401 - the contract's backends
+from .support import races
+from .support.races import open_kind
+from .test_backends import make_backend  # noqa: F401 - the contract's backends
 from .test_backup_runners import lease_store  # noqa: F401 - a store with leases, cleaned up
 
 pytestmark = pytest.mark.broker
@@ -133,7 +134,7 @@ def test_a_store_marks_each_run_backfilled_once(make_backend: Any) -> None:  # n
 
 def _mark_race(args: tuple[str, str, str, int, Any]) -> list[bool]:
     kind, target, prefix, me, start = args
-    backend = _open_kind(kind, target, prefix)
+    backend = open_kind(kind, target, prefix)
     start.wait()
     try:
         store = backend.lease_store
@@ -148,13 +149,6 @@ def _mark_race(args: tuple[str, str, str, int, Any]) -> list[bool]:
 def test_processes_backfilling_one_range_at_once_mark_each_run_once(
     kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
 ) -> None:
-    target = str(tmp_path / "race.db") if kind == "sqlite" else request.getfixturevalue(f"{kind}_url")
-    if kind != "sqlite":
-        prefix = request.getfixturevalue(f"{kind}_prefix")  # its keys or rows deleted after the test
-    processes = 4
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_mark_race, [(kind, target, prefix, i, start) for i in range(processes)])
+    target, prefix = races.place(kind, request, tmp_path, prefix)
+    results = races.race(_mark_race, 4, kind, target, prefix)
     assert Counter(sum(marks) for marks in zip(*results)) == {1: 60}

@@ -5,7 +5,6 @@ stopped, then started again together."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import random
 import time
 from collections import Counter
@@ -25,7 +24,9 @@ from anarchon_celery.jobs import catch_up_key, collect_jobs
 from anarchon_celery.planning import Plan
 from anarchon_celery.runqueue import ClaimAgain
 
-from .test_backends import _open_kind, make_backend  # noqa: F401 - the contract's backends
+from .support import races
+from .support.races import open_kind
+from .test_backends import make_backend  # noqa: F401 - the contract's backends
 from .test_backup_runners import lease_store  # noqa: F401 - a store with leases, cleaned up
 from .test_faults import Fleet
 from .test_jobs import make_app
@@ -284,7 +285,7 @@ def test_a_job_that_stops_catching_up_forgets_its_key(make_backend: Any) -> None
 
 def _catch_up_race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
     kind, target, prefix, rounds, me, start = args
-    backend = _open_kind(kind, target, prefix)
+    backend = open_kind(kind, target, prefix)
     start.wait()
     try:
         return [
@@ -300,20 +301,14 @@ def _catch_up_race(args: tuple[str, str, str, int, int, Any]) -> list[str]:
 def test_processes_catching_up_the_same_runs_get_one_winner_each(
     kind: str, request: pytest.FixtureRequest, prefix: str, tmp_path: Path
 ) -> None:
-    target = str(tmp_path / "race.db") if kind == "sqlite" else request.getfixturevalue(f"{kind}_url")
-    if kind != "sqlite":
-        prefix = request.getfixturevalue(f"{kind}_prefix")  # its keys or rows deleted after the test
-    first = _open_kind(kind, target, prefix)
+    target, prefix = races.place(kind, request, tmp_path, prefix)
+    first = open_kind(kind, target, prefix)
     try:
         assert first.claim([Claim("race", 1_000, key="k")], "first") == [Outcome.WON]
     finally:
         first.close()
     processes, rounds = 4, 60
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Barrier(processes)
-        with ctx.Pool(processes) as pool:
-            results = pool.map(_catch_up_race, [(kind, target, prefix, rounds, i, start) for i in range(processes)])
+    results = races.race(_catch_up_race, processes, kind, target, prefix, rounds)
     for n in range(rounds):
         outcomes = Counter(result[n] for result in results)
         # Each round's run is won once, unless a later round's win passed it (a process ahead).
