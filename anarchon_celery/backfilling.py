@@ -4,9 +4,11 @@ Catch-up sends what was missed, within a window, by itself; a backfill is asked 
 ``[since, until)`` by the job's schedule, whatever its catch-up policy and window, in slot order,
 at a bounded rate. Each is sent once however often the backfill is asked for: the store marks the
 run backfilled before its task is sent (a mark kept until the job's state is deleted with
-``celery anarchon prune``), and takes the mark back when the send fails, so that asking again
-sends it. A process killed between the mark and the send loses that run (rather than risk
-sending it twice): the output of the backfill it was part of does not list it as sent.
+``celery anarchon prune``), and takes the mark back when the send fails before its message was
+written, so that asking again sends it. A message written whose confirm did not come may have
+been queued: its mark is kept. A process killed between the mark and the send loses that run
+(rather than risk sending it twice): the output of the backfill it was part of does not list it
+as sent.
 
 Each run gets its own task id (not the scheduled run's), trigger ``backfill``, and its slot, which
 the task reads with :func:`~anarchon_celery.scheduled_run`. Redis, PostgreSQL and SQLite only.
@@ -149,6 +151,9 @@ def _backfill_one(
     run = Outgoing(job, slot, task_id, task_id, "backfill", now + max(job.max_late_ms, 10_000))
     error = sender.send([run])[0]
     if error is not None:
+        if task_id in sender.written_at:  # written, with no confirm: the broker may have queued it
+            report.failed.append((slot, f"{type(error).__name__}: {error} (it may have been sent: kept as backfilled)"))
+            return
         store.unmark_backfilled(job.name, [slot])
         report.failed.append((slot, f"{type(error).__name__}: {error}"))
         return

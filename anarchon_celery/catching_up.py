@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 
 from .backends.base import CATCH_UP, Gap
 from .jobs import Job
+from .schedule import Interval
 
-__all__ = ["ALL_CAP", "GapRuns", "runs_of_gap"]
+__all__ = ["ALL_CAP", "COUNT_CAP", "GapRuns", "count_slots", "runs_of_gap"]
 
 #: ``catch_up="all"`` sends at most this many runs for one gap: the newest ones (Kubernetes
 #: CronJobs stop at 100 missed runs too). The older ones are counted and recorded ``skipped``.
 ALL_CAP = 100
-#: Slots counted one by one at most, when counting the runs older than the window (a job every
-#: second, away for a day, has 86,400): past it, the count says "at least".
+#: A cron schedule's slots counted one by one at most, when counting the runs of a gap (a cron job
+#: every second, away for days): past it, the count stops there (an interval's is exact).
 COUNT_CAP = 100_000
 
 
@@ -46,23 +47,53 @@ class GapRuns:
 
 def runs_of_gap(job: Job, gap: Gap, now_ms: int) -> GapRuns:
     """The runs of ``gap`` to send, by ``job``'s policy, at ``now_ms`` (whose window bounds them).
-    A :data:`~.backends.CATCH_UP` claim's own slot is one of the runs missed; a regular claim's
-    slot is not (it is sent as any run)."""
+    A :data:`~.backends.CATCH_UP` claim's own slot is one of the runs missed, and is always sent
+    (the store let it be won inside the window); a regular claim's slot is not (it is sent as any
+    run). The newest runs are found from the end of the gap, so a long gap costs no more than
+    the runs sent and a count."""
     claim = gap.claim
-    end = claim.slot + 1 if claim.kind == CATCH_UP else claim.slot
+    own = claim.kind == CATCH_UP
+    end = claim.slot + 1 if own else claim.slot
     start = gap.after + 1
     window_start = max(start, now_ms - job.catch_up_window_ms)
-    missed = list(itertools.islice(job.schedule.slots(window_start, end), COUNT_CAP))
-    too_old = sum(1 for _ in itertools.islice(job.schedule.slots(start, min(window_start, end)), COUNT_CAP))
+    if own:
+        window_start = min(window_start, claim.slot)
+    wanted = 1 if job.catch_up == "latest" else ALL_CAP
+    newest = _newest(job, window_start, end, wanted)
+    missed = count_slots(job, window_start, end)
+    too_old = count_slots(job, start, min(window_start, end))
     first_dropped = job.next_slot(start - 1) if too_old else None
     last_dropped = job.schedule.last_slot(start, min(window_start, end)) if too_old else None
-    if not missed:
+    if not newest:
         return GapRuns(job.name, too_old=too_old, first_dropped=first_dropped, last_dropped=last_dropped)
     if job.catch_up == "latest":
-        return GapRuns(job.name, [(missed[-1], len(missed))], too_old, 0, first_dropped, last_dropped)
-    kept = missed[-ALL_CAP:]
-    over_cap = len(missed) - len(kept)
+        return GapRuns(job.name, [(newest[-1], missed)], too_old, 0, first_dropped, last_dropped)
+    over_cap = missed - len(newest)
     if over_cap:
-        last_dropped = missed[over_cap - 1]
-        first_dropped = first_dropped if first_dropped is not None else missed[0]
-    return GapRuns(job.name, [(slot, 1) for slot in kept], too_old, over_cap, first_dropped, last_dropped)
+        last_dropped = job.schedule.last_slot(window_start, newest[0])
+        first_dropped = first_dropped if first_dropped is not None else job.next_slot(window_start - 1)
+    return GapRuns(job.name, [(slot, 1) for slot in newest], too_old, over_cap, first_dropped, last_dropped)
+
+
+def _newest(job: Job, start: int, end: int, count: int) -> list[int]:
+    """The newest ``count`` slots of ``job`` in ``[start, end)``, in slot order."""
+    found: list[int] = []
+    while len(found) < count:
+        slot = job.schedule.last_slot(start, end)
+        if slot is None:
+            break
+        found.append(slot)
+        end = slot
+    return found[::-1]
+
+
+def count_slots(job: Job, start: int, end: int) -> int:
+    """How many slots ``job`` has in ``[start, end)``: by arithmetic for an interval; counted one
+    by one for a cron schedule, up to :data:`COUNT_CAP` (a cron job every second away for days)."""
+    if end <= start:
+        return 0
+    schedule = job.schedule
+    if isinstance(schedule, Interval):
+        first = schedule.next_slot(start - 1)
+        return 0 if first >= end else (end - 1 - first) // schedule.every_ms + 1
+    return sum(1 for _ in itertools.islice(schedule.slots(start, end), COUNT_CAP))

@@ -320,7 +320,7 @@ class Scheduler(beat.Scheduler):
                 if gap.claim.kind == CATCH_UP and slot == gap.claim.slot:  # won already
                     runs.append(self._outgoing(gap.claim, now, 1, coalesced))
                 else:
-                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, job.backup_runners, kind=GAP)
+                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, kind=GAP)  # (no backups armed)
                     inside.append((claim, coalesced))
         if inside:
             outcomes = backend.claim([claim for claim, _ in inside], self.instance)

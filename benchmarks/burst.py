@@ -14,7 +14,8 @@ task queue (not by a worker) from the slot to the arrival of the last task, take
 * ``sqlite``, ``redis``, ``postgres`` (with ``--only ...,sqlite,redis,postgres``): the
   ``--instances`` beats deciding their runs in one SQLite file, in the local Redis
   (``BENCH_REDIS``) or PostgreSQL (``BENCH_POSTGRES``), instead of RabbitMQ; the tasks still on
-  RabbitMQ.
+  RabbitMQ. With ``--catch-up latest``, each store is measured again with that catch-up policy
+  on every job, beside it without (what a policy costs the claims).
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
 round's measurements and their median.
@@ -197,7 +198,9 @@ def delete_redis_keys(prefix: str) -> None:
         client.close()
 
 
-def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq") -> dict[str, Any]:
+def scheduler_run(
+    impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq", catch_up: str = ""
+) -> dict[str, Any]:
     prefix = f"bench-burst-{impl}-{uuid.uuid4().hex[:6]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-burst-"))
     env = bench_env(
@@ -207,6 +210,7 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: 
         BURST_BACKEND={"sqlite": f"sqlite:///{tmp / 'anarchon.db'}", "redis": REDIS, "postgres": POSTGRES}.get(
             backend, ""
         ),
+        BURST_CATCH_UP=catch_up,
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -234,6 +238,8 @@ def scheduler_run(impl: str, instances: int, args: argparse.Namespace, backend: 
     name = f"anarchon_celery x{instances}" if impl == "anarchon" else "plain celery beat x1"
     if backend != "rabbitmq":
         name += f" on {STORES[backend]}"
+    if catch_up:
+        name += f", catch_up {catch_up}"
     if not args.keep_logs:
         remove_dir(tmp)
     return {"scheduler": name, **result, "startup s": round(startup_s, 1)}
@@ -263,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measurements of each, taken in turn; the ratios pair each round's (default 3: runs here "
         "vary from one minute to the next, the floor's as much as ours)",
     )
+    parser.add_argument(
+        "--catch-up",
+        default="",
+        metavar="POLICY",
+        help="also run each store with anarchon_catch_up = POLICY (latest or all), beside it without",
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     os.environ["BURST_LEAD_MS"] = str(args.lead_ms)
@@ -273,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "anarchon / bare floor": [],
         "plain beat / anarchon": [],
         **{f"anarchon on {label} / anarchon": [] for label in STORES.values()},
+        **{f"on {label} with catch_up / without": [] for label in STORES.values()},
     }
     for round_ in range(1, args.rounds + 1):
         by_name: dict[str, dict[str, Any]] = {}
@@ -285,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         for store in STORES:
             if store in only:
                 by_name[store] = scheduler_run("anarchon", args.instances, args, backend=store)
+                if args.catch_up:
+                    by_name[f"{store}+"] = scheduler_run(
+                        "anarchon", args.instances, args, backend=store, catch_up=args.catch_up
+                    )
         rows += [{"round": round_, **row} for row in by_name.values()]
         last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
         if "ours" in last and "floor" in last:
@@ -294,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         for store, label in STORES.items():
             if "ours" in last and store in last:
                 ratios[f"anarchon on {label} / anarchon"].append(last[store] / last["ours"])
+            if store in last and f"{store}+" in last:
+                ratios[f"on {label} with catch_up / without"].append(last[f"{store}+"] / last[store])
     summary: dict[str, Any] = {}
     for name, values in ratios.items():
         if values:
@@ -303,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         "bare": lambda n: n.startswith("bare"),
         "anarchon_celery": lambda n: n.startswith("anarchon_celery") and " on " not in n,
         **{f"anarchon_celery on {label}": _on(label) for label in STORES.values()},
+        **{
+            f"anarchon_celery on {label} with catch_up": _on(f"{label}, catch_up {args.catch_up}")
+            for label in STORES.values()
+        },
         "plain": lambda n: n.startswith("plain"),
     }
     for name, kind in kinds.items():

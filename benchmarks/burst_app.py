@@ -29,6 +29,8 @@ if IMPL == "anarchon":
     )
     if os.environ.get("BURST_BACKEND"):  # runs decided elsewhere (a SQLite file); tasks on the broker
         app.conf.anarchon_backend = os.environ["BURST_BACKEND"]
+    if os.environ.get("BURST_CATCH_UP"):  # a catch-up policy on every job (a store's claims carry its key)
+        app.conf.anarchon_catch_up = os.environ["BURST_CATCH_UP"]
 else:  # plain celery beat: the same runs as crontab entries
     minute, hour, day, month, weekday = CRON.split()
     every = crontab(minute=minute, hour=hour, day_of_month=day, month_of_year=month, day_of_week=weekday)

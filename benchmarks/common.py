@@ -75,8 +75,16 @@ class Tally(threading.Thread):
         if not (message.delivery_info.get("redelivered") and task_id in self._seen):
             self._seen.add(task_id)
             job = body[0][0] if isinstance(body, list) and body and body[0] else None
+            headers = message.headers
             self.arrivals.append(
-                {"task_id": task_id, "job": job, "slot": message.headers.get("anarchon_slot"), "at_ms": now_ms()}
+                {
+                    "task_id": task_id,
+                    "job": job,
+                    "slot": headers.get("anarchon_slot"),
+                    "trigger": headers.get("anarchon_trigger"),
+                    "coalesced": headers.get("anarchon_coalesced"),
+                    "at_ms": now_ms(),
+                }
             )
         message.ack()
 

@@ -3,8 +3,9 @@ anarchon_celery, plain celery beat or RedBeat (SOAK_IMPL). Every run is one `soa
 message on the queue `<SOAK_PREFIX>tasks`, counted by the benchmark's own consumer (soak.py), or
 executed by a worker that appends one line per execution to SOAK_EXECUTIONS (lease_soak.py).
 
-SOAK_BACKEND sets ``anarchon_backend`` (a store with leases), SOAK_LEASE_MS its lease, and
-SOAK_SKEW_MS moves this process's clock as the scheduler sees it (a host whose clock is off)."""
+SOAK_BACKEND sets ``anarchon_backend`` (a store with leases), SOAK_LEASE_MS its lease,
+SOAK_SKEW_MS moves this process's clock as the scheduler sees it (a host whose clock is off), and
+SOAK_CATCH_UP sets ``anarchon_catch_up`` with the jobs of catch_up.py's cases."""
 
 from __future__ import annotations
 
@@ -52,6 +53,15 @@ if IMPL == "anarchon":
         app.conf.anarchon_lease_ms = int(os.environ["SOAK_LEASE_MS"])
     if os.environ.get("SOAK_EXECUTIONS"):  # the worker: runs checked against their leases
         app.conf.imports = ("anarchon_celery",)
+    if os.environ.get("SOAK_CATCH_UP"):  # catch_up.py: a policy for the runs missed, and its cases
+        app.conf.anarchon_catch_up = os.environ["SOAK_CATCH_UP"]
+        schedule = app.conf.beat_schedule
+        # A job whose lateness outlasts a quick restart: no run of it is missed, none caught up.
+        schedule["patient"] = {"task": "soak_app.tick", "schedule": PERIOD, "args": ("patient",), "max_late_ms": 30_000}
+        if os.environ.get("SOAK_FRESH"):  # a job the store has never seen: nothing from before it
+            schedule["fresh"] = {"task": "soak_app.tick", "schedule": PERIOD, "args": ("fresh",)}
+        if os.environ.get("SOAK_CHANGED"):  # job-00 on another schedule: nothing of the old one
+            schedule["job-00"] = dict(schedule["job-00"], schedule=PERIOD * 2)
     if os.environ.get("SOAK_SKEW_MS"):
         from anarchon_celery import clock
 

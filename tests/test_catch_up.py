@@ -33,6 +33,7 @@ from .test_jobs import make_app
 
 KEPT = 300_000
 NOW = 1_800_000_000_000
+DAY_MS = 86_400_000
 
 
 def _decide(claims: list[Claim], cursors: dict[str, int | None], keys: dict[str, str], recorded=()) -> Any:
@@ -157,6 +158,35 @@ def test_runs_older_than_the_window_are_counted_not_sent(tmp_path: Path) -> None
     assert nothing.send == [] and nothing.too_old == 49
 
 
+def test_a_long_gap_costs_the_runs_sent_not_its_length(tmp_path: Path) -> None:
+    job = _job(tmp_path, catch_up="latest", catch_up_window_ms=3 * DAY_MS, schedule=1.0)
+    now = 10 * DAY_MS
+    found = runs_of_gap(job, Gap(Claim("j", now - 5_000, kind=CATCH_UP), now - 2 * DAY_MS), now)
+    assert found.send == [(now - 5_000, 2 * 86_400 - 5)]  # exactly, without walking 172,800 slots
+    job = _job(tmp_path, catch_up="all", catch_up_window_ms=3 * DAY_MS, schedule=1.0)
+    found = runs_of_gap(job, Gap(Claim("j", now), now - 2 * DAY_MS), now)
+    assert [slot for slot, _ in found.send] == list(range(now - ALL_CAP * 1_000, now, 1_000))
+    assert (found.over_cap, found.first_dropped, found.last_dropped) == (
+        2 * 86_400 - 1 - ALL_CAP,
+        now - 2 * DAY_MS + 1_000,
+        now - (ALL_CAP + 1) * 1_000,
+    )
+
+
+def test_a_catch_up_claims_own_slot_is_sent_even_at_the_windows_edge(tmp_path: Path) -> None:
+    job = _job(tmp_path, catch_up="all", catch_up_window_ms=10_000)
+    # The store let it be won just inside the window; this instance's clock is a little later.
+    found = runs_of_gap(job, Gap(Claim("j", 100_000, kind=CATCH_UP), 90_000), 110_050)
+    assert found.send == [(100_000, 1)] and found.too_old == 4
+
+
+def test_cron_gaps_are_counted_and_their_newest_runs_found(tmp_path: Path) -> None:
+    job = _job(tmp_path, catch_up="latest", schedule="*/5 * * * *")
+    start = 1_796_083_200_000  # 2026-12-01T00:00Z
+    found = runs_of_gap(job, Gap(Claim("j", start + 3_600_000), start), start + 3_600_500)
+    assert found.send == [(start + 3_300_000, 11)]  # 00:05 to 00:55
+
+
 # -- settings and jobs -------------------------------------------------------------------------------
 
 
@@ -273,6 +303,20 @@ def test_a_store_catches_up_a_gap_once_and_a_new_job_nothing(make_backend: Any) 
     assert store_b.gaps() == []
     assert a.claim([Claim("j", 150_000, key="changed", kind=CATCH_UP)], "a") == [Outcome.WON]
     assert [gap.after for gap in store_a.gaps()] == [120_000]
+
+
+def test_a_run_won_inside_a_gap_is_not_won_again_by_a_recovering_claim(make_backend: Any) -> None:  # noqa: F811
+    """A run whose claim's answer was lost (in doubt), then won by this instance inside a gap: a
+    claim of it made again later, beside another run in doubt, is lost, not won a second time."""
+    a = _store(make_backend)
+    store = a.lease_store
+    assert a.claim([Claim("j", 10_000, key="k")], "a") == [Outcome.WON]
+    a._in_doubt.update({("j", 20_000), ("other", 5_000)})  # type: ignore[attr-defined]
+    assert a.claim([Claim("j", 40_000, key="k")], "a") == [Outcome.WON]
+    assert [gap.after for gap in store.gaps()] == [10_000]
+    assert a.claim([Claim("j", 20_000, kind=GAP)], "a") == [Outcome.WON]
+    again = [Claim("j", 20_000, key="k"), Claim("other", 5_000)]
+    assert a.claim(again, "a") == [Outcome.LOST, Outcome.WON]
 
 
 def test_a_job_that_stops_catching_up_forgets_its_key(make_backend: Any) -> None:  # noqa: F811

@@ -160,12 +160,13 @@ def test_check_on_a_lease_store(
     url = store_url(store, tmp_path, request)
     monkeypatch.setenv("HISTORY_APP_BACKEND", url)
     monkeypatch.setenv("HISTORY_APP_LEASE_MS", "2000")  # shorter than the jobs' max_late_ms (5 s)
+    monkeypatch.setenv("HISTORY_APP_CATCH_UP", "latest")
     forget(APP)
     result = invoke("check")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert [line.split()[:2] for line in lines] == [[status, step] for status, step in SQLITE_CHECKS]
-    assert "a winner holds its run for 2000 ms, 2 backup(s) per run" in lines[2]
+    assert "a winner holds its run for 2000 ms, 2 backup(s) per run; catch-up latest: boom, fine, sleepy" in lines[2]
     if store == "sqlite":
         assert f"SQLite database {tmp_path / 'anarchon.db'}" in lines[1] and "write-ahead log" in lines[1]
     elif store == "redis":

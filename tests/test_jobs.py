@@ -155,6 +155,10 @@ def test_backup_runners_are_refused_on_a_claim_only_backend() -> None:
         ({"anarchon_backup_runners": 1}, "anarchon_backup_runners"),
         ({"anarchon_lease_ms": 5000}, "anarchon_lease_ms"),
         ({"anarchon_start_check_timeout_ms": 200}, "anarchon_start_check_timeout_ms"),
+        ({"beat_schedule": {"j": entry(catch_up="latest")}}, "job 'j': catch_up"),
+        ({"beat_schedule": {"j": entry(catch_up_window_ms=60_000)}}, "job 'j': catch_up_window_ms"),
+        ({"anarchon_catch_up": "all"}, "anarchon_catch_up"),
+        ({"anarchon_catch_up_window_ms": 60_000}, "anarchon_catch_up_window_ms"),
     ],
 )
 def test_lease_options_on_a_claim_only_backend_name_that_backend(

@@ -41,7 +41,7 @@ class _LosesTheFirstAnswer(PostgresBackend):
     losses = 1
     lost = 0
 
-    def _decide(self, claims: Any, instance: str, recover: bool) -> Any:
+    def _decide(self, claims: Any, instance: str, recover: Any) -> Any:
         import psycopg
 
         results = super()._decide(claims, instance, recover)
@@ -66,6 +66,19 @@ def test_a_claim_whose_commit_answer_was_lost_is_found_won_on_a_new_connection(
     assert backend.lost and "claiming again on a new connection" in caplog.text
     assert rival.claim(claims, "b") == [Outcome.LOST] * 3
     assert (backend.holder("job", 2), backend.holder("other", 5)) == ("a", "a")
+    backend.close()
+    rival.close()
+
+
+def test_a_win_whose_answer_was_lost_is_found_with_the_gap_it_left(postgres_url: str, postgres_prefix: str) -> None:
+    """Catch-up: the gap a win left is kept in its record, so that a win found again after its
+    answer was lost still has its runs caught up."""
+    rival = _open(postgres_url, postgres_prefix)
+    assert rival.claim([Claim("job", 10_000, key="k")], "b") == [Outcome.WON]
+    backend = _LosesTheFirstAnswer(postgres_url, prefix=postgres_prefix)
+    claim = Claim("job", 40_000, key="k")
+    assert backend.claim([claim], "a") == [Outcome.WON]
+    assert backend.lost and [(gap.claim, gap.after) for gap in backend.gaps()] == [(claim, 10_000)]
     backend.close()
     rival.close()
 

@@ -31,6 +31,8 @@ class RunRecord:
     lease_end_ms: int
     deadline_ms: int | None
     backups: int = 0  # backups armed so far
+    #: The cursor its win moved up from, when that left a gap (see :class:`.base.Gap`).
+    gap_after: int | None = None
 
 
 def arm(record: RunRecord | None, wanted: int, now_ms: int) -> tuple[int, int] | None:

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
@@ -175,7 +175,7 @@ class PostgresBackend(SqlBackend):
     key_order = 'job COLLATE "C", slot'
     locked_now_sql = _CLOCK
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
         jobs = sorted({claim.job for claim in claims})
         with self._transaction() as db:
             # Every job's cursor row exists, then is locked, in job order.
@@ -201,16 +201,15 @@ class PostgresBackend(SqlBackend):
             records = self._records(_Placeholders(db, self._sql), [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
-            won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
-            if recover:  # a run this instance already holds was won by the try whose answer was lost
-                results = [
-                    (Outcome.WON, 0)
-                    if outcome is Outcome.LOST
-                    and (record := records.get((claim.job, claim.slot))) is not None
-                    and record.holder == instance
-                    else (outcome, amount)
-                    for claim, (outcome, amount) in zip(claims, results)
-                ]
+            won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON]
+            for i, claim in enumerate(claims):  # a run held already was won by the try whose answer was lost
+                record = records.get((claim.job, claim.slot))
+                if record is None or record.holder != instance or results[i][0] is not Outcome.LOST:
+                    continue
+                if (claim.job, claim.slot) in recover:
+                    results[i] = (Outcome.WON, 0)
+                    if record.gap_after is not None:
+                        gaps[i] = record.gap_after
             moved = [job for job in jobs if (cursors[job], keys[job]) != (before[job], keys_before[job])]
             if moved:
                 db.execute(
@@ -222,17 +221,18 @@ class PostgresBackend(SqlBackend):
             if won:
                 db.execute(
                     "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms, "
-                    "lease_end_ms, backups) SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline, %s, 0 FROM "
-                    "unnest(%s::text[], %s::bigint[], %s::bigint[]) AS v(job, slot, deadline) "
-                    "ON CONFLICT (prefix, job, slot) DO NOTHING",
+                    "lease_end_ms, backups, gap_after) SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline, %s, 0, "
+                    "after FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) "
+                    "AS v(job, slot, deadline, after) ON CONFLICT (prefix, job, slot) DO NOTHING",
                     (
                         self.prefix,
                         instance,
                         now,
                         now + self.lease_ms,
-                        [c.job for c in won],
-                        [c.slot for c in won],
-                        [c.deadline_ms for c in won],
+                        [claims[i].job for i in won],
+                        [claims[i].slot for i in won],
+                        [claims[i].deadline_ms for i in won],
+                        [gaps.get(i) for i in won],
                     ),
                 )
             return self._arm(db, claims, results, now, records, gaps)

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .. import docs
@@ -197,23 +197,30 @@ class RedisBackend(StoreBackend):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
-        """One script for the batch (see :data:`.redis_scripts.CLAIM`)."""
-        args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, "1" if recover else "0", self.lease_ms]
-        for claim in claims:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
+        """One script for the batch (see :data:`.redis_scripts.CLAIM`), its claims in job and slot
+        order (as :func:`.ordered.decide` takes them); the answers in the claims' order."""
+        order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
+        flags = "".join("1" if (claims[i].job, claims[i].slot) in recover else "0" for i in order)
+        args: list[Any] = [self.prefix, instance, self.slot_ttl_ms, flags or "0", self.lease_ms]
+        for claim in (claims[i] for i in order):
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups), claim.key, claim.kind]
         answers = self._decided(self._claim_script, args, "claims", lambda answer: answer.startswith(b"won"))
-        results = []
-        for answer in answers:
-            outcome, *amounts = answer.decode().split(":")
-            if outcome == "backup":
-                results.append(Answer(Outcome.LOST, int(amounts[0]), int(amounts[1])))
-            elif outcome == "won":
-                results.append(Answer(Outcome.WON, after=int(amounts[0]) if amounts else None))
-            else:
-                results.append(Answer(Outcome(outcome), int(amounts[0]) if amounts else 0))
+        results: list[Answer] = [Answer(Outcome.UNDECIDED)] * len(claims)
+        for i, answer in zip(order, answers):
+            results[i] = self._answer(answer)
         return results
+
+    @staticmethod
+    def _answer(answer: bytes) -> Answer:
+        """One claim's answer from the script."""
+        outcome, *amounts = answer.decode().split(":")
+        if outcome == "backup":
+            return Answer(Outcome.LOST, int(amounts[0]), int(amounts[1]))
+        if outcome == "won":
+            return Answer(Outcome.WON, after=int(amounts[0]) if amounts else None)
+        return Answer(Outcome(outcome), int(amounts[0]) if amounts else 0)
 
     def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
         args: list[Any] = [self.prefix, instance, self.lease_ms]

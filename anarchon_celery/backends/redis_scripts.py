@@ -15,8 +15,9 @@ local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
-# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (1: a run this instance holds already
-# counts as won: the answer of an earlier try was lost), lease_ms, then job, slot, deadline (-1:
+# cluster). ARGV: prefix, instance, slot_ttl_ms, recover (a '1' or '0' per claim, in order; 1: a run
+# this instance holds already counts as won, with the gap its win left: the answer of an earlier
+# try was lost), lease_ms, then job, slot, deadline (-1:
 # none), backups wanted, catch-up key ('' : none) and kind ('', 'catch_up' or 'gap') for each
 # claim. Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "lost",
 # "undecided:<ms>", "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a
@@ -24,12 +25,13 @@ local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)
 CLAIM = (
     TIME
     + """
-local prefix, instance, ttl, recover, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local prefix, instance, ttl, recovering, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local out = {}
 local i = 6
-local function record(run_key, deadline_text)
+local function record(run_key, deadline_text, after)
   redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
              'deadline_ms', deadline_text, 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
+  if after then redis.call('HSET', run_key, 'after', after) end  -- the gap it left, for a recovery
   redis.call('PEXPIRE', run_key, ttl)
 end
 local function keep_key(key_key, key)
@@ -38,6 +40,7 @@ end
 while i <= #ARGV do
   local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local key, kind = ARGV[i + 4], ARGV[i + 5]
+  local recover = recovering:sub(#out + 1, #out + 1) == '1'
   local slot = tonumber(slot_text)
   local cursor_key = prefix .. 'cursor.' .. job
   local key_key = prefix .. 'catchup.' .. job
@@ -48,11 +51,11 @@ while i <= #ARGV do
     out[#out + 1] = 'early:' .. string.format('%d', slot - now)
   else
     local cursor = tonumber(redis.call('GET', cursor_key))
-    local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms')
+    local run = redis.call('HMGET', run_key, 'holder', 'state', 'backups', 'lease_end_ms', 'deadline_ms', 'after')
     if run[1] then  -- decided already
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
-        out[#out + 1] = 'won'
+        out[#out + 1] = run[6] and ('won:' .. run[6]) or 'won'
       elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted and (tonumber(run[4]) or 0) > 0
           and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
         local rank = redis.call('HINCRBY', run_key, 'backups', 1)
@@ -62,7 +65,7 @@ while i <= #ARGV do
         out[#out + 1] = 'lost'
       end
     elseif kind == 'gap' then  -- inside a gap this instance won: the cursor is past it already
-      record(run_key, ARGV[i + 2])
+      record(run_key, ARGV[i + 2], nil)
       out[#out + 1] = 'won'
     elseif kind == 'catch_up' then
       if not cursor or (redis.call('GET', key_key) or '') ~= key then  -- new, or changed: from now on
@@ -73,25 +76,26 @@ while i <= #ARGV do
         out[#out + 1] = 'lost'
       else
         redis.call('SET', cursor_key, slot_text)
-        record(run_key, ARGV[i + 2])
-        out[#out + 1] = 'won:' .. string.format('%d', cursor)
+        local after = string.format('%d', cursor)
+        record(run_key, ARGV[i + 2], after)
+        out[#out + 1] = 'won:' .. after
       end
     elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
       out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
     else
-      local answer = 'won'
+      local after = nil
       if not cursor or cursor < slot then
         redis.call('SET', cursor_key, slot_text)
         if key == '' then
           redis.call('DEL', key_key)  -- (nothing is written when there is none)
         elseif (redis.call('GET', key_key) or '') == key then
-          if cursor then answer = 'won:' .. string.format('%d', cursor) end
+          if cursor then after = string.format('%d', cursor) end
         else
           redis.call('SET', key_key, key)
         end
       end
-      record(run_key, ARGV[i + 2])
-      out[#out + 1] = answer
+      record(run_key, ARGV[i + 2], after)
+      out[#out + 1] = after and ('won:' .. after) or 'won'
     end
   end
   i = i + 6

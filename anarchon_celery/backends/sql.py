@@ -85,13 +85,14 @@ class SqlBackend(StoreBackend):
         for start in range(0, len(unique), 400):
             part = unique[start : start + 400]
             rows = db.execute(
-                "SELECT job, slot, holder, token, state, lease_end_ms, deadline_ms, backups FROM anarchon_runs "
+                "SELECT job, slot, holder, token, state, lease_end_ms, deadline_ms, backups, gap_after "
+                "FROM anarchon_runs "
                 f"WHERE prefix = ? AND (job, slot) IN (VALUES {', '.join(['(?, ?)'] * len(part))}) "
                 f"ORDER BY {self.key_order}{self.lock_rows}",
                 (self.prefix, *(value for key in part for value in key)),
             ).fetchall()
-            for job, slot, holder, token, state, lease_end, deadline, backups in rows:
-                found[job, int(slot)] = RunRecord(holder, token, state, lease_end, deadline, backups)
+            for job, slot, holder, token, state, lease_end, deadline, backups, gap_after in rows:
+                found[job, int(slot)] = RunRecord(holder, token, state, lease_end, deadline, backups, gap_after)
         return found
 
     def _write_records(self, db: Any, records: Mapping[tuple[str, int], RunRecord]) -> None:

@@ -92,6 +92,9 @@ TABLES = (
             Column("deadline_ms", "bigint", null=True, comment="the latest the run may be sent"),
             Column("lease_end_ms", "bigint", default=0, comment="the holder's lease, until then", added=True),
             Column("backups", "int", default=0, comment="backups armed", added=True),
+            Column(
+                "gap_after", "bigint", null=True, comment="the cursor its win moved up from, past a gap", added=True
+            ),
         ),
         key=("prefix", "job", "slot"),
         indexes=(("anarchon_runs_decided", "decided_ms"),),

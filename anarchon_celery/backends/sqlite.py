@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,7 @@ class SQLiteBackend(SqlBackend):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
         """One ``BEGIN IMMEDIATE`` transaction: the cursors of the claims' jobs read, the claims
         decided (:func:`.ordered.decide`), the wins written. (A local commit's answer is never
         lost: ``recover`` is not needed.)"""
@@ -279,7 +279,6 @@ class SQLiteBackend(SqlBackend):
             records = self._records(db, [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
-            won = [claim for claim, (outcome, _) in zip(claims, results) if outcome is Outcome.WON]
             moved = [
                 job
                 for job in jobs
@@ -293,10 +292,11 @@ class SQLiteBackend(SqlBackend):
             )
             db.executemany(
                 "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
-                "deadline_ms, lease_end_ms, backups) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0)",
+                "deadline_ms, lease_end_ms, backups, gap_after) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0, ?)",
                 [
-                    (self.prefix, claim.job, claim.slot, instance, now, claim.deadline_ms, now + self.lease_ms)
-                    for claim in won
+                    (self.prefix, c.job, c.slot, instance, now, c.deadline_ms, now + self.lease_ms, gaps.get(i))
+                    for i, c in enumerate(claims)
+                    if results[i][0] is Outcome.WON
                 ],
             )
             return self._arm(db, claims, results, now, records, gaps)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .. import clock
@@ -109,11 +109,12 @@ class StoreBackend(Backend, LeaseStore, JobState):
         self._in_doubt: set[tuple[str, int]] = set()
 
     @abc.abstractmethod
-    def _decide(self, claims: Sequence[Claim], instance: str, recover: bool) -> list[Answer]:
+    def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
         """Decide the claims in one atomic step of the store (see :class:`Answer`). A win holds
         the run for ``lease_ms``; a loser of a run still only claimed is armed as a backup while
-        the claim wants more (``Claim.backups``). With ``recover``, a run already decided that
-        ``instance`` holds is WON."""
+        the claim wants more (``Claim.backups``). A run ``(job, slot)`` in ``recover`` already
+        decided that ``instance`` holds is WON (the answer of an earlier try was lost), with the
+        gap its win left, which the run's record keeps."""
 
     @abc.abstractmethod
     def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
@@ -146,15 +147,18 @@ class StoreBackend(Backend, LeaseStore, JobState):
         todo = list(range(len(claims)))
         keys = [(claim.job, claim.slot) for claim in claims]
         self._forget_doubts()
-        recover = any(key in self._in_doubt for key in keys)
-        waited = failed = False
+        # Only the runs whose answer was lost are asked with recovery: a run this instance holds
+        # otherwise (won inside a gap since) is lost to a claim of it, never won twice.
+        recover = {key for key in keys if key in self._in_doubt}
+        waited = failed = again = False
         while todo:
             try:
                 answers = self._decide([claims[i] for i in todo], instance, recover)
             except self.answer_lost_errors as exc:
                 self._in_doubt.update(keys[i] for i in todo)
-                if not recover:  # once more, on a new connection: a win whose answer was lost is found
-                    recover = True
+                recover.update(keys[i] for i in todo)
+                if not again:  # once more, on a new connection: a win whose answer was lost is found
+                    again = True
                     logger.info("anarchon: claiming again on a new connection to %s (%s)", self.describe(), exc)
                     continue
                 self._failed("decide claims", exc)
