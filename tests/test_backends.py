@@ -29,6 +29,7 @@ from anarchon_celery import (
     clock,
 )
 from anarchon_celery.backends import Backend, TakeoverKind
+from anarchon_celery.backends.base import CATCH_UP
 from anarchon_celery.backends.rabbitmq import (
     ahead,
     check_server,
@@ -343,7 +344,7 @@ def test_a_store_restart_keeps_every_decision_and_lease(
 ) -> None:
     """The store restarts between a run's claims: the instances reconnect by themselves, a claim
     made while it is down is away (never won, and won when made again once it is back), and every
-    run decided before is still decided, with its lease."""
+    run decided before is still decided, with its lease; a job's catch-up key is kept."""
     if kind == "redis":
         if shutil.which("redis-server") is None:
             pytest.skip("no redis-server here")
@@ -357,11 +358,11 @@ def test_a_store_restart_keeps_every_decision_and_lease(
     b = open_kind(kind, url, prefix, lease_ms=60_000)
     try:
         now = a.store_now_ms()  # type: ignore[attr-defined]
-        first = Claim("job", now - 10, deadline_ms=now + 120_000, backups=1)
+        first = Claim("job", now - 10, deadline_ms=now + 120_000, backups=1, key="k")
         assert a.claim([first], "a") == [Outcome.WON]
         if kind == "redis":
             server.kill()
-            during = Claim("job", now - 5, deadline_ms=now + 120_000)
+            during = Claim("job", now - 5, deadline_ms=now + 120_000, key="k")
             assert b.claim([during], "b") == [Outcome.AWAY]  # never won while it is gone
             server.start()
             assert b.claim([during], "b") == [Outcome.WON]  # the scheduler's claim made again
@@ -371,6 +372,11 @@ def test_a_store_restart_keeps_every_decision_and_lease(
         assert [armed.rank for armed in b.armed()] == [1]  # its lease kept: b is a backup
         assert b.take_over([first], "b")[0].kind is TakeoverKind.HELD
         assert a.mark_sent([("job", first.slot, 1)], "a") == [True]
+        b.gaps()  # (what the claims above reported)
+        # The catch-up key kept with the cursor: a run missed since is caught up.
+        caught = Claim("job", now - 2, deadline_ms=now + 120_000, key="k", kind=CATCH_UP)
+        assert b.claim([caught], "b") == [Outcome.WON]
+        assert [gap.after for gap in b.gaps()] == [now - 5 if kind == "redis" else now - 10]
         later = Claim("job", now, deadline_ms=now + 120_000)
         assert a.claim([later], "a") == [Outcome.WON]
     finally:

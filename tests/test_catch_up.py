@@ -5,7 +5,9 @@ stopped, then started again together."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -430,3 +432,47 @@ def test_beats_all_stopped_then_started_together_catch_up_each_missed_run_once(
         # Every slot of the gap was sent: none is missing between the first run and the last.
         assert [slot for slot in range(slots[0], slots[-1] + 1, 2_000) if slot not in slots] == [], runs
     assert "Traceback" not in text
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_beats_all_frozen_at_once_catch_up_when_they_thaw(
+    beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Both beats SIGSTOPped for 9 s (a paused VM), then SIGCONTed: the gap is found by the claims
+    they make on waking, not at a start; one run of catch-up stands for the runs missed, and no
+    run is sent twice."""
+    env = dict(
+        beat_env,
+        HISTORY_APP_BACKEND=f"sqlite:///{tmp_path / 'anarchon.db'}",
+        HISTORY_APP_MAX_LATE_MS="1000",
+        HISTORY_APP_JITTER_MS="300",
+        HISTORY_APP_CATCH_UP="latest",
+    )
+    fleet = Fleet(tmp_path, [env, env])
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent")
+        time.sleep(2)
+        for proc in fleet.procs:
+            os.killpg(proc.pid, signal.SIGSTOP)
+        frozen = time.time()
+        time.sleep(9)
+        for proc in fleet.procs:
+            os.killpg(proc.pid, signal.SIGCONT)
+        fleet.wait_any("catching up")
+        time.sleep(3)
+        fleet.stop()
+    finally:
+        for proc in fleet.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+        fleet.kill()
+    runs = _caught_up(broker_url, prefix)
+    slots = [slot for slot, _, _ in runs]
+    assert len(slots) == len(set(slots)), runs  # no run twice
+    caught = [(slot, coalesced) for slot, trigger, coalesced in runs if trigger == "catch_up"]
+    assert len(caught) == 1, runs
+    slot, coalesced = caught[0]
+    assert coalesced >= 3 and slot > frozen * 1000, runs  # about 9 s of a run every 2 s
+    assert "Traceback" not in fleet.text(0) + fleet.text(1)
