@@ -255,7 +255,7 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
         ({"HISTORY_APP_BACKEND": url_with(password="s3cret-wrong")}, "refused the login of user 'guest'"),
         ({"HISTORY_APP_BACKEND": url_with(vhost="no-such-vhost")}, "has no vhost 'no-such-vhost'"),
         ({"HISTORY_APP_BAD": "1"}, "job 'bad': invalid cron spec '61 * * * *'"),
-        ({"HISTORY_APP_BAD_CRON": "1"}, "job 'caught': catch_up is not available"),
+        ({"HISTORY_APP_BAD_CRON": "1"}, "job 'caught': hand_over is not available"),
     ],
     ids=["password", "vhost", "config", "cron"],
 )

@@ -36,6 +36,7 @@ def test_a_new_sqlite_database_has_every_column_and_needs_nothing_added() -> Non
             [
                 "ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS lease_end_ms bigint NOT NULL DEFAULT 0;",
                 "ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS backups integer NOT NULL DEFAULT 0;",
+                "ALTER TABLE anarchon_runs ADD COLUMN IF NOT EXISTS gap_after bigint;",
             ],
         ),
         (
@@ -43,6 +44,7 @@ def test_a_new_sqlite_database_has_every_column_and_needs_nothing_added() -> Non
             [
                 "ALTER TABLE anarchon_runs ADD COLUMN lease_end_ms INTEGER NOT NULL DEFAULT 0;",
                 "ALTER TABLE anarchon_runs ADD COLUMN backups INTEGER NOT NULL DEFAULT 0;",
+                "ALTER TABLE anarchon_runs ADD COLUMN gap_after INTEGER;",
             ],
         ),
     ],
@@ -55,8 +57,12 @@ def test_a_database_of_schema_1_gets_the_columns_added_since(dialect: str, expec
 
 def test_the_statements_that_add_columns_make_a_sqlite_database_of_schema_1_whole() -> None:
     db = sqlite3.connect(":memory:")
-    db.executescript(create_sql(SQLITE).replace("    lease_end_ms", "    -- ").replace("    backups", "    -- "))
+    older = create_sql(SQLITE)
+    for column in ("lease_end_ms", "backups", "gap_after", "catch_up_key"):  # the columns added since
+        older = older.replace(f"    {column}", "    -- ")
+    db.executescript(older)
     assert _columns(db)["anarchon_runs"] == RUNS_OF_SCHEMA_1
+    assert _columns(db)["anarchon_jobs"] == {"prefix", "job", "cursor"}
     for statement in columns_missing(SQLITE, _columns(db)):
         db.execute(statement)
     assert columns_missing(SQLITE, _columns(db)) == []
