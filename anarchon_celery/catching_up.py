@@ -1,4 +1,5 @@
-"""Catch-up: which runs a gap stands for, by a job's policy. Pure: no I/O.
+"""Catch-up: which runs a gap stands for, by a job's policy (pure), and the step that claims and
+hands them to the scheduler to send (:class:`CatchUps`).
 
 A claim won on a store that moves a job's cursor up past slots nobody decided (every instance was
 down, frozen, or cut off from the store meanwhile) leaves a gap (:class:`~.backends.Gap`), which
@@ -11,13 +12,20 @@ one run per slot missed, in slot order, the newest :data:`ALL_CAP` at most.
 from __future__ import annotations
 
 import itertools
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .backends.base import CATCH_UP, Gap
-from .jobs import Job
+from . import clock
+from .backends.base import CATCH_UP, GAP, Backend, Claim, Gap, Outcome
+from .history import encode_event
+from .jobs import Job, task_id_for
 from .schedule import Interval
+from .sending import Outgoing
 
-__all__ = ["ALL_CAP", "COUNT_CAP", "GapRuns", "count_slots", "runs_of_gap"]
+__all__ = ["ALL_CAP", "COUNT_CAP", "CatchUps", "GapRuns", "count_slots", "runs_of_gap"]
+
+logger = logging.getLogger(__name__)
 
 #: ``catch_up="all"`` sends at most this many runs for one gap: the newest ones (Kubernetes
 #: CronJobs stop at 100 missed runs too). The older ones are counted and recorded ``skipped``.
@@ -97,3 +105,102 @@ def count_slots(job: Job, start: int, end: int) -> int:
         first = schedule.next_slot(start - 1)
         return 0 if first >= end else (end - 1 - first) // schedule.every_ms + 1
     return sum(1 for _ in itertools.islice(schedule.slots(start, end), COUNT_CAP))
+
+
+class CatchUps:
+    """The catch-up of one scheduler on a store: after each claim call, the gaps its wins left
+    (:meth:`~.backends.LeaseStore.gaps`) are turned into runs by each job's policy, the runs
+    inside them claimed (one call for all) and those won handed back to be sent, with trigger
+    ``catch_up``; the runs not sent are logged, and recorded ``skipped`` (:meth:`skipped`)."""
+
+    def __init__(self, jobs: Mapping[str, Job], instance: str, prefix: str) -> None:
+        self.jobs = jobs
+        self.instance = instance
+        self.prefix = prefix
+        self._skipped: list[tuple[str, bytes, int]] = []
+
+    def runs(
+        self, backend: Backend, won: list[Claim], outgoing: Callable[[Claim, int, int, int], Outgoing]
+    ) -> list[Outgoing]:
+        """The runs of catch-up to send now, made by ``outgoing(claim, now, token, coalesced)``.
+        ``won``: the catch-up claims just won, each sent whether or not its gap was told (an
+        answer lost with its connection is found won again, without its gap: then it stands for
+        itself)."""
+        store = backend.lease_store
+        gaps = store.gaps() if store is not None else []
+        if not gaps and not won:
+            return []
+        now = clock.now_ms()
+        told = {(gap.claim.job, gap.claim.slot) for gap in gaps}
+        runs = [outgoing(claim, now, 1, 1) for claim in won if (claim.job, claim.slot) not in told]
+        inside: list[tuple[Claim, int]] = []  # the gaps' runs to claim, with how many each stands for
+        for gap in gaps:
+            job = self.jobs[gap.claim.job]
+            found = runs_of_gap(job, gap, now)
+            self._not_caught_up(found, job)
+            for slot, coalesced in found.send:
+                if gap.claim.kind == CATCH_UP and slot == gap.claim.slot:  # won already
+                    runs.append(outgoing(gap.claim, now, 1, coalesced))
+                else:
+                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, kind=GAP)  # (no backups armed)
+                    inside.append((claim, coalesced))
+        if inside:
+            outcomes = backend.claim([claim for claim, _ in inside], self.instance)
+            for (claim, coalesced), outcome in zip(inside, outcomes):
+                if outcome is Outcome.WON:
+                    runs.append(outgoing(claim, now, 1, coalesced))
+                elif outcome is not Outcome.LOST:
+                    logger.warning(
+                        "anarchon: job %r slot %d: a missed run not caught up, its claim was %s",
+                        claim.job,
+                        claim.slot,
+                        outcome.value,
+                    )
+        runs.sort(key=lambda run: (run.job.name, run.slot))
+        for name in sorted({run.job.name for run in runs}):
+            slots = [run.slot for run in runs if run.job.name == name]
+            logger.warning(
+                "anarchon: job %r: catching up %d missed run(s) (catch_up %r), slots %d to %d",
+                name,
+                sum(run.coalesced for run in runs if run.job.name == name),
+                self.jobs[name].catch_up,
+                slots[0],
+                slots[-1],
+            )
+        return runs
+
+    def skipped(self) -> list[tuple[str, bytes, int]]:
+        """The history events of the runs not caught up since the last call: ``(job, event,
+        history_size)``, for :meth:`~.backends.Backend.record_many`."""
+        events, self._skipped = self._skipped, []
+        return events
+
+    def _not_caught_up(self, found: GapRuns, job: Job) -> None:
+        """Log and record (``skipped``) the missed runs of a gap that are not sent."""
+        if not found.dropped or found.first_dropped is None or found.last_dropped is None:
+            return
+        reason = "catch_up_window" if found.too_old else "catch_up_cap"
+        logger.warning(
+            "anarchon: job %r: %d missed run(s), slots %d to %d, not caught up: %s",
+            job.name,
+            found.dropped,
+            found.first_dropped,
+            found.last_dropped,
+            f"older than catch_up_window_ms ({job.catch_up_window_ms})"
+            + (f", and {found.over_cap} past the cap of catch_up='all'" if found.over_cap else "")
+            if found.too_old
+            else "past the cap of catch_up='all'",
+        )
+        if job.history_size:
+            event = encode_event(
+                "skipped",
+                run=task_id_for(self.prefix, job.name, found.last_dropped),
+                job=job.name,
+                at_ms=clock.now_ms(),
+                slot=found.last_dropped,
+                first_slot=found.first_dropped,
+                count=found.dropped,
+                instance=self.instance,
+                reason=reason,
+            )
+            self._skipped.append((job.name, event, job.history_size))

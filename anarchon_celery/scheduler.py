@@ -23,11 +23,10 @@ from celery import beat
 
 from . import clock, stopping
 from .backends import Backend, Claim, Outcome
-from .backends.base import CATCH_UP, GAP
-from .catching_up import GapRuns, runs_of_gap
+from .backends.base import CATCH_UP
+from .catching_up import CatchUps
 from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
-from .history import encode_event
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
 from .planning import Plan
@@ -74,8 +73,8 @@ class Scheduler(beat.Scheduler):
         self.signals = stopping.StopSignals()
         self.tasks = TaskLink(app, instance=self.instance, make_sender=self.make_sender)
         self._place_asked_at = -PLACE_AGAIN_S
-        #: History events of runs not caught up, written with the next runs' (job, event, size).
-        self._skipped: list[tuple[str, bytes, int]] = []
+        #: The catch-up of the gaps its claims find, on a backend with leases only.
+        self.catch_ups: CatchUps | None = None
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -113,6 +112,7 @@ class Scheduler(beat.Scheduler):
         store = backend.lease_store
         if store is not None:
             self.leases = LeaseBook(store, self.instance)
+            self.catch_ups = CatchUps(self.jobs, self.instance, backend.prefix)
             if reachable:
                 store.handed_back()  # listening from now on
         if reachable:
@@ -293,90 +293,10 @@ class Scheduler(beat.Scheduler):
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won and claim.kind != CATCH_UP:  # not reported as they came
                 runs.append(self._outgoing(claim, now, token))
-        runs += self._caught_up(
-            backend, [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
-        )
+        if self.catch_ups is not None:
+            won_late = [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
+            runs += self.catch_ups.runs(backend, won_late, self._outgoing)
         return self._send_held(runs) if runs else []
-
-    def _caught_up(self, backend: Backend, won: list[Claim]) -> list[Outgoing]:
-        """The runs of catch-up of the gaps the claims just won left (see :mod:`.catching_up`):
-        the runs of each gap inside the window are claimed (one call for all) and those won sent,
-        with trigger ``catch_up``; the runs not sent are logged and recorded ``skipped``. ``won``:
-        the catch-up claims won, each sent whether or not its gap was told (an answer lost with
-        its connection is found won again, without its gap: then it stands for itself)."""
-        store = backend.lease_store
-        gaps = store.gaps() if store is not None else []
-        if not gaps and not won:
-            return []
-        now = clock.now_ms()
-        told = {(gap.claim.job, gap.claim.slot) for gap in gaps}
-        runs = [self._outgoing(claim, now, 1, 1) for claim in won if (claim.job, claim.slot) not in told]
-        inside: list[tuple[Claim, int]] = []  # the gaps' runs to claim, with how many each stands for
-        for gap in gaps:
-            job = self.jobs[gap.claim.job]
-            found = runs_of_gap(job, gap, now)
-            self._not_caught_up(found, job)
-            for slot, coalesced in found.send:
-                if gap.claim.kind == CATCH_UP and slot == gap.claim.slot:  # won already
-                    runs.append(self._outgoing(gap.claim, now, 1, coalesced))
-                else:
-                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, kind=GAP)  # (no backups armed)
-                    inside.append((claim, coalesced))
-        if inside:
-            outcomes = backend.claim([claim for claim, _ in inside], self.instance)
-            for (claim, coalesced), outcome in zip(inside, outcomes):
-                if outcome is Outcome.WON:
-                    runs.append(self._outgoing(claim, now, 1, coalesced))
-                elif outcome is not Outcome.LOST:
-                    logger.warning(
-                        "anarchon: job %r slot %d: a missed run not caught up, its claim was %s",
-                        claim.job,
-                        claim.slot,
-                        outcome.value,
-                    )
-        runs.sort(key=lambda run: (run.job.name, run.slot))
-        for name in sorted({run.job.name for run in runs}):
-            slots = [run.slot for run in runs if run.job.name == name]
-            logger.warning(
-                "anarchon: job %r: catching up %d missed run(s) (catch_up %r), slots %d to %d",
-                name,
-                sum(run.coalesced for run in runs if run.job.name == name),
-                self.jobs[name].catch_up,
-                slots[0],
-                slots[-1],
-            )
-        return runs
-
-    def _not_caught_up(self, found: GapRuns, job: Job) -> None:
-        """Log and record (``skipped``) the missed runs of a gap that are not sent."""
-        if not found.dropped or found.first_dropped is None or found.last_dropped is None:
-            return
-        reason = "catch_up_window" if found.too_old else "catch_up_cap"
-        logger.warning(
-            "anarchon: job %r: %d missed run(s), slots %d to %d, not caught up: %s",
-            job.name,
-            found.dropped,
-            found.first_dropped,
-            found.last_dropped,
-            f"older than catch_up_window_ms ({job.catch_up_window_ms})"
-            + (f", and {found.over_cap} past the cap of catch_up='all'" if found.over_cap else "")
-            if found.too_old
-            else "past the cap of catch_up='all'",
-        )
-        if job.history_size:
-            prefix = self.backend.prefix if self.backend else ""
-            event = encode_event(
-                "skipped",
-                run=task_id_for(prefix, job.name, found.last_dropped),
-                job=job.name,
-                at_ms=clock.now_ms(),
-                slot=found.last_dropped,
-                first_slot=found.first_dropped,
-                count=found.dropped,
-                instance=self.instance,
-                reason=reason,
-            )
-            self._skipped.append((job.name, event, job.history_size))
 
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
@@ -413,8 +333,9 @@ class Scheduler(beat.Scheduler):
         """Write the ``sent`` event of each run sent to its job's history, and the ``unsent``
         event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
-        events = history_events(done, self.instance) + self._skipped
-        self._skipped = []
+        events = history_events(done, self.instance)
+        if self.catch_ups is not None:
+            events += self.catch_ups.skipped()
         if events:
             self.backend.record_many(events)
 
