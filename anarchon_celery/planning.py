@@ -93,35 +93,27 @@ class Plan:
         # Lateness counts from this instance's planned claim (slot + its jitter), so the last
         # claim of a slot is at most jitter_ms + max_late_ms after it: the safety rule.
         late = now - item.planned_ms
-        if late > job.max_late_ms and job.catch_up:
+        kind = ""
+        if late > job.max_late_ms:
+            if not job.catch_up:
+                logger.log(
+                    self._skip_level(job.name, item.slot, item.slot + 1),
+                    "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
+                    job.name,
+                    item.slot,
+                    late,
+                    job.max_late_ms,
+                )
+                return None
             if item.slot < now - job.catch_up_window_ms or job.next_slot(item.slot) + job.max_late_ms < now:
                 # Not the newest run too late: the claim of the newest catches it up, within the window.
                 logger.debug("anarchon: job %r slot %d: found %d ms late; left to catch-up", job.name, item.slot, late)
                 return None
-            return Claim(
-                job.name,
-                item.slot,
-                deadline_ms=item.slot + job.catch_up_window_ms,
-                backups=job.backup_runners,
-                key=self.keys[job.name],
-                kind=CATCH_UP,
-            )
-        if late > job.max_late_ms:
-            logger.log(
-                self._skip_level(job.name, item.slot, item.slot + 1),
-                "anarchon: job %r slot %d: found %d ms late (max_late_ms %d); skipped, runs are not caught up",
-                job.name,
-                item.slot,
-                late,
-                job.max_late_ms,
-            )
-            return None
+            kind = CATCH_UP
+        # A catch-up claim may be made until its window ends; any other, until its lateness does.
+        deadline = item.slot + job.catch_up_window_ms if kind else item.planned_ms + job.max_late_ms
         return Claim(
-            job.name,
-            item.slot,
-            deadline_ms=item.planned_ms + job.max_late_ms,
-            backups=job.backup_runners,
-            key=self.keys[job.name],
+            job.name, item.slot, deadline_ms=deadline, backups=job.backup_runners, key=self.keys[job.name], kind=kind
         )
 
     def claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:

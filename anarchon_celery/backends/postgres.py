@@ -202,7 +202,7 @@ class PostgresBackend(SqlBackend):
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON]
-            for i, claim in enumerate(claims):  # a run held already was won by the try whose answer was lost
+            for i, claim in enumerate(claims if recover else ()):  # held: won by a try whose answer was lost
                 record = records.get((claim.job, claim.slot))
                 if record is None or record.holder != instance or results[i][0] is not Outcome.LOST:
                     continue
