@@ -9,8 +9,9 @@ import fcntl
 import os
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,10 +87,27 @@ def _broker_up() -> bool:
         return False
 
 
+#: How long a process's first look at a service waits for it to answer. The session's fixtures
+#: are made before a test takes the services' lock, so they may look while a test of another
+#: process, running alone, has the service stopped for a few seconds (a restart); failed, the
+#: fixture would fail every later test of this process.
+SERVICE_WAIT_S = 60.0 if os.environ.get("CI") else 10.0
+
+
+def _answers(probe: Callable[[], bool]) -> bool:
+    """Whether ``probe`` says the service answers, within :data:`SERVICE_WAIT_S`."""
+    deadline = time.monotonic() + SERVICE_WAIT_S
+    while not probe():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 @pytest.fixture(scope="session")
 def broker_url() -> str:
     """The RabbitMQ URL. Skips locally when it is down; fails under CI."""
-    if not _broker_up():
+    if not _answers(_broker_up):
         if os.environ.get("CI"):
             pytest.fail(f"RabbitMQ is not reachable at {BROKER}, and CI needs it")
         pytest.skip(f"RabbitMQ is not reachable at {BROKER}")
@@ -141,7 +159,7 @@ def _redis_up() -> bool:
 def redis_url() -> str:
     """The Redis URL (with its database number) for the tests of a Redis task broker. Skips
     locally when it is down; fails under CI."""
-    if not _redis_up():
+    if not _answers(_redis_up):
         if os.environ.get("CI"):
             pytest.fail(f"Redis is not reachable at {REDIS} (or redis-py is missing), and CI needs it")
         pytest.skip(f"Redis is not reachable at {REDIS}")
@@ -174,7 +192,7 @@ def _postgres_up() -> bool:
 def postgres_url() -> str:
     """The PostgreSQL URL for the tests of the PostgreSQL backend. Skips locally when it is down;
     fails under CI."""
-    if not _postgres_up():
+    if not _answers(_postgres_up):
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is not reachable at {POSTGRES} (or psycopg is missing), and CI needs it")
         pytest.skip(f"PostgreSQL is not reachable at {POSTGRES}")
