@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from . import clock
@@ -120,12 +120,17 @@ class CatchUps:
         self._skipped: list[tuple[str, bytes, int]] = []
 
     def runs(
-        self, backend: Backend, won: list[Claim], outgoing: Callable[[Claim, int, int, int], Outgoing]
+        self,
+        backend: Backend,
+        won: list[Claim],
+        outgoing: Callable[[Claim, int, int, int], Outgoing],
+        not_sent: Collection[tuple[str, int]] = (),
     ) -> list[Outgoing]:
         """The runs of catch-up to send now, made by ``outgoing(claim, now, token, coalesced)``.
         ``won``: the catch-up claims just won, each sent whether or not its gap was told (an
         answer lost with its connection is found won again, without its gap: then it stands for
-        itself)."""
+        itself); ``not_sent``: the catch-up claims won while their job was busy (overlap), whose
+        gaps are caught up all the same."""
         store = backend.lease_store
         gaps = store.gaps() if store is not None else []
         if not gaps and not won:
@@ -140,9 +145,17 @@ class CatchUps:
             self._not_caught_up(found, job)
             for slot, coalesced in found.send:
                 if gap.claim.kind == CATCH_UP and slot == gap.claim.slot:  # won already
-                    runs.append(outgoing(gap.claim, now, 1, coalesced))
+                    if (gap.claim.job, gap.claim.slot) not in not_sent:
+                        runs.append(outgoing(gap.claim, now, 1, coalesced))
                 else:
-                    claim = Claim(job.name, slot, slot + job.catch_up_window_ms, kind=GAP)  # (no backups armed)
+                    claim = Claim(  # (no backups armed)
+                        job.name,
+                        slot,
+                        slot + job.catch_up_window_ms,
+                        kind=GAP,
+                        overlap=job.overlap,
+                        queued_ms=job.overlap_queued_ms,
+                    )
                     inside.append((claim, coalesced))
         if inside:
             outcomes = backend.claim([claim for claim, _ in inside], self.instance)

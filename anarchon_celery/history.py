@@ -20,7 +20,14 @@ Three more kinds tell of runs that went otherwise:
 * ``skipped`` (from the beat): runs missed while no instance could claim them, which the job's
   catch-up policy does not send: older than its window (reason ``catch_up_window``) or past the
   cap of ``all`` (``catch_up_cap``). One record stands for ``count`` runs, from ``first_slot`` to
-  ``slot``.
+  ``slot``. And a run of a job protected from overlap that was due while the job's last run was
+  busy (reason ``overlap``; ``overlap_buffer_full`` past the cap of ``buffer_all``), from the beat
+  that won it, or from the worker whose start check refused it (with ``worker``).
+* ``pending`` (from the beat, or a worker's start check): a run of a job under ``buffer_one`` or
+  ``buffer_all`` due while its last run was busy, kept to be sent once it ends (with trigger
+  ``buffered``); its ``sent`` event follows.
+* ``abandoned`` is also written by whoever finds that a worker stopped renewing its hold on a job
+  protected from overlap (``error_type`` ``LeaseExpired``): its whole worker died.
 
 A run's ``status`` is the kind of its most advanced event: ``sent`` or ``unsent`` (rank 0), then
 ``running`` (1), then ``succeeded``, ``failed``, ``revoked`` or ``abandoned`` (2, final); between two events of one
@@ -43,15 +50,25 @@ __all__ = ["EVENTS", "REVOKE_REASONS", "SKIP_REASONS", "Run", "decode_event", "e
 
 SCHEMA = 1
 #: Every kind of event, roughly in the order a run goes through them.
-EVENTS = ("sent", "unsent", "skipped", "running", "succeeded", "failed", "revoked", "abandoned")
+EVENTS = ("pending", "sent", "unsent", "skipped", "running", "succeeded", "failed", "revoked", "abandoned")
 #: The most events one run gets (not counting an event written twice): sent or unsent, running,
 #: and a final one.
 EVENTS_PER_RUN = 3
 #: Why a task was revoked: the ``reason`` of a ``revoked`` event.
 REVOKE_REASONS = ("revoked", "expired", "terminated")
 #: Why runs were not sent: the ``reason`` of a ``skipped`` event.
-SKIP_REASONS = ("catch_up_window", "catch_up_cap")
-_RANK = {"sent": 0, "unsent": 0, "skipped": 2, "running": 1, "succeeded": 2, "failed": 2, "revoked": 2, "abandoned": 2}
+SKIP_REASONS = ("catch_up_window", "catch_up_cap", "overlap", "overlap_buffer_full")
+_RANK = {
+    "pending": -1,
+    "sent": 0,
+    "unsent": 0,
+    "skipped": 2,
+    "running": 1,
+    "succeeded": 2,
+    "failed": 2,
+    "revoked": 2,
+    "abandoned": 2,
+}
 #: Error messages are cut to this many characters.
 MAX_ERROR_CHARS = 500
 #: Fields each event may carry besides its kind, run, job and time.
@@ -59,7 +76,8 @@ _SENT_FIELDS = ("slot", "task_id", "task", "instance", "trigger", "coalesced")
 _FIELDS = {
     "sent": _SENT_FIELDS,
     "unsent": (*_SENT_FIELDS, "error_type", "error"),
-    "skipped": ("slot", "instance", "reason", "count", "first_slot"),
+    "skipped": ("slot", "instance", "reason", "count", "first_slot", "worker"),
+    "pending": ("slot", "instance", "worker"),
     "running": ("worker", "instance"),  # the instance whose message started it
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
@@ -133,7 +151,7 @@ class Run:
 def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
     """Fold one event into what is known of its run."""
     kind = event["event"]
-    if _RANK[kind] >= run["rank"]:
+    if _RANK[kind] >= run["rank"] and not (kind == "pending" and run["rank"] >= 0):
         run["rank"], run["status"] = _RANK[kind], kind
     if kind in ("sent", "unsent"):
         run.update({k: event.get(k) for k in _SENT_FIELDS})
@@ -142,10 +160,11 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
             run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
         else:
             run["unsent_error"] = event.get("error_type"), event.get("error")
-    elif kind == "skipped":  # runs not sent at all: the newest of them, standing for the others
-        run.update(slot=event.get("slot"), instance=event.get("instance"), trigger="catch_up")
-        run["coalesced"], run["reason"] = event.get("count"), event.get("reason")
-        run["finished_at_ms"] = event["at_ms"]
+    elif kind == "skipped":
+        _apply_skipped(run, event)
+    elif kind == "pending":  # won while its job was busy: sent once it is free
+        for key in ("slot", "instance"):  # (those of its sent event, if any, count)
+            run.setdefault(key, event.get(key))
     elif kind == "running":
         if run.get("worker") is None:  # a final event's worker, if any, counts
             run["worker"] = event.get("worker")
@@ -159,6 +178,18 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
         run["error_type"], run["error"] = event.get("error_type"), event.get("error")
         run["reason"] = event.get("reason")
     run["first_ms"] = min(run.get("first_ms", event["at_ms"]), event["at_ms"])
+
+
+def _apply_skipped(run: dict[str, Any], event: Mapping[str, Any]) -> None:
+    """Runs not sent (or not started), for a reason: missed ones (catch-up) stand for others."""
+    reason = event.get("reason")
+    if str(reason).startswith("catch_up"):  # runs missed: the newest of them, standing for the others
+        run.update(trigger="catch_up")
+        run["coalesced"] = event.get("count")
+    for key in ("slot", "instance", "worker"):  # (those of its sent event, if any, count)
+        run.setdefault(key, event.get(key))
+    run["reason"] = reason
+    run["finished_at_ms"] = event["at_ms"]
 
 
 def fold(events: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[Run]:

@@ -21,7 +21,7 @@ from kombu.serialization import dumps
 from . import docs
 from .errors import ConfigError
 from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
-from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_catch_up, check_minimum
+from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_catch_up, check_minimum, check_overlap
 
 __all__ = ["Job", "check_arguments", "collect_jobs", "cron", "definition", "live_gates", "task_id_for"]
 
@@ -43,6 +43,7 @@ JOB_KEYS = frozenset(
         "backup_runners",
         "catch_up",
         "catch_up_window_ms",
+        "overlap",
     }
 )
 
@@ -62,8 +63,7 @@ _NOT_YET = "anarchon_celery does not offer it yet"
 #: Options of anarchon that anarchon_celery does not take, with why.
 REFUSED_KEYS = {
     "backups": "the key is backup_runners",
-    "no_overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
-    "overlap": f"overlap protection needs a lease held while the task runs: {_NOT_YET}",
+    "no_overlap": "the key is overlap: 'skip', 'buffer_one' or 'buffer_all'",
     "hand_over": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
     "handover": "a backend with leases hands over by itself on SIGTERM: there is nothing to set",
     "history_ttl_ms": "history is trimmed by size only (a RabbitMQ stream, or rows of the store): use history_size",
@@ -100,6 +100,11 @@ class Job:
     #: for the newest) or ``"all"`` (each one); those older than ``catch_up_window_ms`` are not.
     catch_up: str | None = None
     catch_up_window_ms: int = 0
+    #: What is done with a run due while the job's last run is busy: ``"allow"`` (sent anyway),
+    #: ``"skip"``, ``"buffer_one"`` or ``"buffer_all"`` (see :mod:`~anarchon_celery.backends.busy`);
+    #: and how long a run sent counts as busy before a worker starts it.
+    overlap: str = "allow"
+    overlap_queued_ms: int = 0
 
     def next_slot(self, after_ms: int) -> int:
         """The first slot strictly after ``after_ms``."""
@@ -123,6 +128,7 @@ def definition(job: Job) -> dict[str, str]:
         "max_late_ms": str(job.max_late_ms),
         "history_size": str(job.history_size),
         **({"catch_up": f"{job.catch_up} within {job.catch_up_window_ms} ms"} if job.catch_up else {}),
+        **({"overlap": job.overlap} if job.overlap != "allow" else {}),
     }
 
 
@@ -187,6 +193,7 @@ def make_job(
         history_size=_check_int(name, "history_size", setting("history_size")),
         backup_runners=_backup_runners(name, entry, settings, leases, title),
         **_catch_up(name, entry, settings, leases, title),
+        **_overlap(name, entry, settings, leases, title, options),
     )
 
 
@@ -270,6 +277,30 @@ def _catch_up(name: str, entry: Mapping[str, Any], settings: Settings, leases: b
             "than max_late_ms are the ones caught up, within the window"
         )
     return {"catch_up": policy, "catch_up_window_ms": window}
+
+
+def _overlap(
+    name: str, entry: Mapping[str, Any], settings: Settings, leases: bool, title: str, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The job's overlap policy, checked (on a backend with leases only), and how long a run sent
+    counts as busy: the message's ``expires`` (seconds) when it is sooner than
+    ``anarchon_overlap_queued_ms``."""
+    given = entry.get("overlap")
+    if given not in (None, "allow") and not leases:
+        raise ConfigError(f"job {name!r}: overlap is not available: {claim_only(title)}")
+    if not leases:
+        return {}
+    try:
+        policy = check_overlap("overlap", settings.overlap if given is None else given)
+    except ConfigError as exc:
+        raise ConfigError(f"job {name!r}: {exc}") from None
+    if policy == "allow":
+        return {}
+    queued = settings.overlap_queued_ms
+    expires = options.get("expires")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool) and expires > 0:
+        queued = min(queued, max(1, int(expires * 1000)))
+    return {"overlap": policy, "overlap_queued_ms": queued}
 
 
 #: A backup comes back this long after the lease's end, so that the store finds it over.
@@ -368,6 +399,7 @@ def cron(
     backup_runners: int | None = None,
     catch_up: str | bool | None = None,
     catch_up_window_ms: int | None = None,
+    overlap: str | None = None,
     args: tuple[Any, ...] | list[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -396,6 +428,7 @@ def cron(
         ("backup_runners", backup_runners),
         ("catch_up", catch_up),
         ("catch_up_window_ms", catch_up_window_ms),
+        ("overlap", overlap),
         ("options", options),
     ):
         if value is not None:

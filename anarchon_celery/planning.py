@@ -113,7 +113,14 @@ class Plan:
         # A catch-up claim may be made until its window ends; any other, until its lateness does.
         deadline = item.slot + job.catch_up_window_ms if kind else item.planned_ms + job.max_late_ms
         return Claim(
-            job.name, item.slot, deadline_ms=deadline, backups=job.backup_runners, key=self.keys[job.name], kind=kind
+            job.name,
+            item.slot,
+            deadline_ms=deadline,
+            backups=job.backup_runners,
+            key=self.keys[job.name],
+            kind=kind,
+            overlap=job.overlap if self.backend.leases else "",
+            queued_ms=job.overlap_queued_ms,
         )
 
     def claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:

@@ -29,6 +29,7 @@ from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
+from .overlapping import Overlaps
 from .planning import Plan
 from .runqueue import BackupTry, Item
 from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
@@ -75,6 +76,8 @@ class Scheduler(beat.Scheduler):
         self._place_asked_at = -PLACE_AGAIN_S
         #: The catch-up of the gaps its claims find, on a backend with leases only.
         self.catch_ups: CatchUps | None = None
+        #: Overlap protection's records and pending runs, on a backend with leases only.
+        self.overlaps: Overlaps | None = None
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -113,6 +116,7 @@ class Scheduler(beat.Scheduler):
         if store is not None:
             self.leases = LeaseBook(store, self.instance)
             self.catch_ups = CatchUps(self.jobs, self.instance, backend.prefix)
+            self.overlaps = Overlaps(self.jobs, self.instance, backend.prefix)
             if reachable:
                 store.handed_back()  # listening from now on
         if reachable:
@@ -170,6 +174,7 @@ class Scheduler(beat.Scheduler):
             return float(self.max_interval)
         self._tend(backend)
         self._run_due()
+        self._run_pending()
         self.signals.deliver()  # a stop signal that came during the runs: now that they are done
         self._prepare(backend)
         self.tasks.connect_ahead()  # lost during the sends: not at the next runs' expense
@@ -237,6 +242,7 @@ class Scheduler(beat.Scheduler):
             self._plan.prepares.wait_s(now),
             handbacks,
             self.leases.wake_within_s() if self.leases is not None else None,
+            self.overlaps.wait_s() if self.overlaps is not None else None,
         ]
         return min(limit for limit in limits if limit is not None)
 
@@ -293,10 +299,32 @@ class Scheduler(beat.Scheduler):
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won and claim.kind != CATCH_UP:  # not reported as they came
                 runs.append(self._outgoing(claim, now, token))
-        if self.catch_ups is not None:
-            won_late = [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
-            runs += self.catch_ups.runs(backend, won_late, self._outgoing)
+        runs += self._caught_up(backend, claims, outcomes)
         return self._send_held(runs) if runs else []
+
+    def _caught_up(self, backend: Backend, claims: list[Claim], outcomes: list[Outcome]) -> list[Outgoing]:
+        """On a store, after claims: the runs of the gaps they found, to send; the wins not sent
+        (their job busy) and the runs freed, noted."""
+        store = backend.lease_store
+        if self.catch_ups is None or self.overlaps is None or store is None:
+            return []
+        overlapped = store.overlapped()  # (a catch-up claim not sent: its job busy)
+        won_late = [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
+        not_sent = {(item.claim.job, item.claim.slot) for item in overlapped}
+        runs = self.catch_ups.runs(backend, won_late, self._outgoing, not_sent)
+        self.overlaps.note(overlapped + store.overlapped(), store.freed())
+        return runs
+
+    def _run_pending(self) -> None:
+        """Send the runs kept pending (``buffer_one``, ``buffer_all``) whose job is free again."""
+        store = self.backend.lease_store if self.backend is not None else None
+        if self.overlaps is None or store is None or self.signals.pending:
+            return
+        taken = self.overlaps.take_pending(store)
+        if taken:
+            now = clock.now_ms()
+            done = self._send_held([self._outgoing(claim, now, token, trigger="buffered") for claim, token in taken])
+            self._record(done)
 
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
@@ -306,10 +334,10 @@ class Scheduler(beat.Scheduler):
         runs = [self._outgoing(claim, now, token) for claim, token in won]
         return self._send_held(runs) if runs else []
 
-    def _outgoing(self, claim: Claim, now: int, token: int = 0, coalesced: int = 0) -> Outgoing:
+    def _outgoing(self, claim: Claim, now: int, token: int = 0, coalesced: int = 0, trigger: str = "") -> Outgoing:
         """The task of a run won; of a run of catch-up when it stands for ``coalesced`` missed runs."""
         task_id = task_id_for(self.backend.prefix if self.backend else "", claim.job, claim.slot)
-        trigger = "catch_up" if coalesced else "schedule"
+        trigger = trigger or ("catch_up" if coalesced else "schedule")
         deadline = claim.deadline_ms or now
         return Outgoing(self.jobs[claim.job], claim.slot, task_id, task_id, trigger, deadline, token, coalesced)
 
@@ -336,6 +364,8 @@ class Scheduler(beat.Scheduler):
         events = history_events(done, self.instance)
         if self.catch_ups is not None:
             events += self.catch_ups.skipped()
+        if self.overlaps is not None:
+            events += self.overlaps.events()
         if events:
             self.backend.record_many(events)
 

@@ -116,6 +116,8 @@ def run_headers(
         headers["anarchon_place"] = place  # where the run was decided (Backend.place)
     if coalesced:
         headers["anarchon_coalesced"] = coalesced  # a run of catch-up: the missed runs it stands for
+    if job.overlap != "allow":
+        headers["anarchon_overlap"] = job.overlap  # its job is protected: the worker tells its end
     return headers
 
 

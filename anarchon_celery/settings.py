@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULTS",
     "LEASE_SETTINGS",
     "CATCH_UP_POLICIES",
+    "check_overlap",
     "LEGACY_PREFIX",
     "MAX_BACKUP_RUNNERS",
     "MINIMUMS",
@@ -34,10 +35,22 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_start_check_timeout_ms": 500,
     "anarchon_catch_up": False,
     "anarchon_catch_up_window_ms": 86_400_000,
+    "anarchon_overlap": "allow",
+    "anarchon_overlap_lease_ms": 30_000,
+    "anarchon_overlap_queued_ms": 3_600_000,
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
-LEASE_SETTINGS = ("backup_runners", "lease_ms", "start_check_timeout_ms", "catch_up", "catch_up_window_ms")
+LEASE_SETTINGS = (
+    "backup_runners",
+    "lease_ms",
+    "start_check_timeout_ms",
+    "catch_up",
+    "catch_up_window_ms",
+    "overlap",
+    "overlap_lease_ms",
+    "overlap_queued_ms",
+)
 #: The catch-up policies: off (False), one run for the newest slot missed, or every one.
 CATCH_UP_POLICIES = (False, "latest", "all")
 #: The most backups a run may have.
@@ -56,6 +69,8 @@ MINIMUMS: dict[str, int] = {
     "lease_ms": 100,
     "start_check_timeout_ms": 10,
     "catch_up_window_ms": 1_000,
+    "overlap_lease_ms": 1_000,
+    "overlap_queued_ms": 1_000,
 }
 
 _OURS = "anarchon_"
@@ -92,6 +107,19 @@ def check_catch_up(shown: str, value: Any) -> str | bool:
         raise ConfigError(f"{shown} must be False, 'latest' or 'all', not True: say which runs to catch up")
     if value not in CATCH_UP_POLICIES:
         raise ConfigError(f"{shown} must be False, 'latest' or 'all', not {value!r}")
+    return str(value)
+
+
+def check_overlap(shown: str, value: Any) -> str:
+    """An overlap policy (``"allow"``, ``"skip"``, ``"buffer_one"``, ``"buffer_all"``), else a
+    ConfigError naming ``shown``."""
+    from .backends.busy import POLICIES
+
+    if value is None:
+        return "allow"
+    if value not in POLICIES:
+        hint = " (say which: 'skip' drops a run while one is busy)" if value in (True, False) else ""
+        raise ConfigError(f"{shown} must be one of {', '.join(repr(p) for p in POLICIES)}, not {value!r}{hint}")
     return str(value)
 
 
@@ -183,6 +211,13 @@ class Settings:
     #: every job): False, ``"latest"`` or ``"all"``; and how far back (on a backend with leases).
     catch_up: str | bool = False
     catch_up_window_ms: int = 86_400_000
+    #: What is done with a run due while its job's last run is busy (a default for every job):
+    #: ``"allow"``, ``"skip"``, ``"buffer_one"`` or ``"buffer_all"`` (on a backend with leases);
+    #: how long a worker holds a busy job between two heartbeats, and how long a run sent counts
+    #: as busy before a worker starts it (unless its ``expires`` is sooner).
+    overlap: str = "allow"
+    overlap_lease_ms: int = 30_000
+    overlap_queued_ms: int = 3_600_000
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
     #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.
@@ -200,6 +235,7 @@ class Settings:
         if not isinstance(self.prefix, str):
             raise ConfigError(f"{_OURS}prefix must be a string, not {self.prefix!r}")
         object.__setattr__(self, "catch_up", check_catch_up(f"{_OURS}catch_up", self.catch_up))
+        object.__setattr__(self, "overlap", check_overlap(f"{_OURS}overlap", self.overlap))
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -231,6 +267,8 @@ class Settings:
                 check_minimum(spelling.shown(name, present), values[key], MINIMUMS[key])
             elif key == "catch_up":
                 values[key] = check_catch_up(spelling.shown(name, present), values[key])
+            elif key == "overlap":
+                values[key] = check_overlap(spelling.shown(name, present), values[key])
             elif key == "prefix" and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
         return cls(**values, given=frozenset(given), spelt=tuple(spelt))

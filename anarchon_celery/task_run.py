@@ -36,6 +36,7 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
         "place": get("anarchon_place"),
         "token": get("anarchon_token"),  # on a backend with leases: the run's fencing token
         "coalesced": get("anarchon_coalesced"),  # a run of catch-up: the missed runs it stands for
+        "overlap": get("anarchon_overlap"),  # its job's overlap policy, when it is protected
     }
 
 

@@ -298,11 +298,11 @@ def test_the_worker_starts_a_run_once_and_only_with_its_current_token(make_backe
     backend.claim([run], "a")
     time.sleep(0.15)
     assert backend.take_over([run], "b")[0].value == 2
-    assert backend.start_run("job", run.slot, 1, False) is False  # the first winner's late message
-    assert backend.start_run("job", run.slot, 2, False) is True
-    assert backend.start_run("job", run.slot, 2, False) is False  # a second message of the same token
-    assert backend.start_run("job", run.slot, 2, True) is True  # delivered again: its worker died
-    assert backend.start_run("job", run.slot + 1, 1, False) is None  # a run it does not know
+    assert backend.start_run("job", run.slot, 1, False).allowed is False  # the first winner's late message
+    assert backend.start_run("job", run.slot, 2, False).allowed is True
+    assert backend.start_run("job", run.slot, 2, False).allowed is False  # a second message of the same token
+    assert backend.start_run("job", run.slot, 2, True).allowed is True  # delivered again: its worker died
+    assert backend.start_run("job", run.slot + 1, 1, False).allowed is None  # a run it does not know
     assert backend.take_over([run], "c")[0].kind is TakeoverKind.DONE  # started: nothing to take over
 
 

@@ -15,6 +15,7 @@ from celery import Celery
 from celery.exceptions import Ignore
 
 from anarchon_celery import Claim, Outcome, SQLiteBackend
+from anarchon_celery.backends.base import Start
 from anarchon_celery.worker import start_check as fencing
 
 
@@ -105,8 +106,8 @@ def test_a_start_whose_answer_was_lost_is_run(app: Celery, tmp_path: Path) -> No
     class LosesTheFirstAnswer(SQLiteBackend):
         lost = False
 
-        def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-            allowed = super()._start(job, slot, token, redelivered)
+        def _start(self, job: str, slot: int, token: int, redelivered: bool, *args: Any) -> Start:
+            allowed = super()._start(job, slot, token, redelivered, *args)
             if not self.lost:
                 self.lost = True
                 raise sqlite3.OperationalError("the answer was lost")

@@ -220,7 +220,8 @@ VALUES: dict[str, st.SearchStrategy[object]] = {
 OPTIONAL = {
     "sent": ("slot", "task_id", "task", "instance", "trigger", "coalesced"),
     "unsent": ("slot", "task_id", "task", "instance", "trigger", "coalesced", "error_type", "error"),
-    "skipped": ("slot", "instance", "count", "first_slot"),
+    "skipped": ("slot", "instance", "count", "first_slot", "worker"),
+    "pending": ("slot", "instance", "worker"),
     "running": ("worker",),
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
@@ -260,7 +261,7 @@ def test_the_codec_round_trips(event_fields: tuple[str, dict[str, object]], run:
 def one_run(draw: st.DrawFn) -> list[tuple[str, dict[str, object]]]:
     """The events of one run, in rank order, with their fields: at most one of each rank, so that
     no two of them compete and their order cannot matter."""
-    ranks = [[None, "sent", "unsent"], [None, "running"], [None, "succeeded", "failed", "revoked"]]
+    ranks = [[None, "pending"], [None, "sent", "unsent"], [None, "running"], [None, "succeeded", "failed", "revoked"]]
     kinds = [kind for kind in (draw(st.sampled_from(rank)) for rank in ranks) if kind]
     return [(kind, draw(fields_of(kind))) for kind in kinds or ["sent"]]
 
@@ -301,6 +302,7 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "place": None,
         "token": None,
         "coalesced": None,
+        "overlap": None,
     }
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
@@ -315,4 +317,5 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "place": None,
         "token": None,
         "coalesced": None,
+        "overlap": None,
     }

@@ -126,8 +126,9 @@ def test_bad_entries_fail_with_the_job_named(bad: Any, message: str) -> None:
     "key, what",
     [
         ("backups", "the key is backup_runners"),
-        ("no_overlap", "overlap protection"),
+        ("no_overlap", "the key is overlap: 'skip', 'buffer_one' or 'buffer_all'"),
         ("catch_up", "the RabbitMQ backend is claim only"),
+        ("overlap", "the RabbitMQ backend is claim only"),
         ("hand_over", "a backend with leases hands over by itself on SIGTERM"),
     ],
 )

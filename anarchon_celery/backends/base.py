@@ -11,10 +11,11 @@ import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import docs
 from ..errors import AnarchonError, ConfigError
+from .busy import Freed
 
 if TYPE_CHECKING:
     from ..jobs import Job
@@ -24,6 +25,8 @@ __all__ = [
     "GAP",
     "Armed",
     "Backend",
+    "Overlapped",
+    "Start",
     "Claim",
     "Gap",
     "Finding",
@@ -136,6 +139,11 @@ class Claim:
     #: :data:`GAP`: of a run inside a gap this instance won, made only by its winner: won unless
     #: the run was decided otherwise already.
     kind: str = ""
+    #: On a backend with leases: the job's overlap policy (see :mod:`.busy`; ``""``: ``allow``),
+    #: which the store applies when the claim is won, and how long a run sent counts as busy
+    #: before a worker starts it (ms).
+    overlap: str = ""
+    queued_ms: int = 0
 
 
 #: A :class:`Claim` of a run found too late, for a job that catches up.
@@ -152,6 +160,33 @@ class Gap:
 
     claim: Claim
     after: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overlapped:
+    """This instance won ``claim`` while its job was busy with another run, so it was not sent:
+    ``verdict`` is ``skipped``, ``pending`` (sent once the job is free, see
+    :meth:`LeaseStore.next_pending`) or ``dropped`` (past the cap of ``buffer_all``)."""
+
+    claim: Claim
+    verdict: str
+
+
+class Start(NamedTuple):
+    """The answer of a worker's start check (:meth:`LeaseStore.start_run`).
+
+    ``allowed``: True to run, False not to, None when the run is not known (its record is gone)
+    and its job not busy with another run. ``overlap``: why a run of a protected job does not
+    start: ``skipped``, ``pending`` (kept, to be sent again once the job is free) or ``wait``
+    (another worker holds this very run: ask again within ``left_ms``). ``freed``: a run whose
+    hold on the job ran out meanwhile (``abandoned`` when a worker had started it)."""
+
+    allowed: bool | None
+    overlap: str = ""
+    left_ms: int = 0
+    freed: Freed | None = None
+    #: The run now holds its job (protected from overlap): its end is to be told (:meth:`LeaseStore.end_busy`).
+    holds: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +284,47 @@ class LeaseStore(abc.ABC):
         the lease runs out, and the worker's check runs one of the two messages)."""
 
     @abc.abstractmethod
-    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        """May the task of a run, carrying ``token``, start on a worker? It is marked started if
-        so. None when the run is unknown here (its record is gone). Raises the store's errors."""
+    def start_run(
+        self, job: str, slot: int, token: int, redelivered: bool, *, run: str = "", worker: str = "", lease_ms: int = 0
+    ) -> Start:
+        """May the task of a run, carrying ``token`` (0: a message without one, as ``run_now``
+        sends), start on ``worker``? In one atomic step: the token must be the run's current one
+        and the run not started yet (it is marked started); and when its job is protected from
+        overlap (:mod:`.busy`), no other run may hold the job (the run ``run`` then holds it, for
+        ``lease_ms``). Raises the store's errors."""
+
+    @abc.abstractmethod
+    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+        """The heartbeat of ``worker`` for the runs ``(job, slot)`` it has: each one that holds
+        its job gets ``lease_ms`` more (True); False when the job is no longer held by it (its
+        lease ran out, and the job went on without it); None for a job not protected. One atomic
+        step per call. Raises the store's errors."""
+
+    @abc.abstractmethod
+    def end_busy(self, job: str, slot: int, worker: str) -> bool:
+        """The run ``(job, slot)`` ended (succeeded, failed, revoked, its process lost): its job
+        is free, if the run held it. ``worker`` "" when told by a worker that did not start it.
+        Raises the store's errors."""
+
+    @abc.abstractmethod
+    def next_pending(
+        self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]
+    ) -> list[tuple[str, int, int]]:
+        """For each of ``jobs`` (kept runs pending: ``buffer_one``, ``buffer_all``) that is free,
+        its oldest pending run, now held by ``instance`` (a lease of :attr:`lease_ms`, until
+        ``deadline_ms[job]`` at the latest), to be sent: ``(job, slot, token)``. Never raises
+        for store trouble (none then)."""
+
+    @abc.abstractmethod
+    def overlapped(self) -> list[Overlapped]:
+        """The claims this instance won in the last :meth:`Backend.claim` call that were not sent
+        because their job was busy (claims with an ``overlap`` policy only); each returned once."""
+
+    @abc.abstractmethod
+    def freed(self) -> list[tuple[str, Freed]]:
+        """The runs ``(job, freed)`` whose hold on their job ran out, found by this instance's
+        claims and :meth:`next_pending` since the last call: an ``abandoned`` one's worker stopped
+        renewing its lease (it died, or lost the store). Each is returned once."""
 
     @abc.abstractmethod
     def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:

@@ -27,7 +27,9 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
+from . import busy
 from .base import Claim, Outcome
+from .busy import JobBusy, run_state
 from .ordered import decide
 from .sql import SqlBackend, _first_line, _Placeholders
 from .sql_schema import POSTGRES, TABLES, columns_missing, create_sql
@@ -185,12 +187,13 @@ class PostgresBackend(SqlBackend):
                 (self.prefix, jobs),
             )
             rows = db.execute(
-                "SELECT job, cursor, catch_up_key FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) "
+                "SELECT job, cursor, catch_up_key, busy FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) "
                 "ORDER BY job FOR UPDATE",
                 (self.prefix, jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _ in rows}
-            keys = {job: key or "" for job, _, key in rows}
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in rows}
+            keys = {job: key or "" for job, _, key, _ in rows}
+            states = {job: state for job, *_, text in rows if (state := JobBusy.decode(text)) is not None}
             keys_before = dict(keys)
             # The clock read once the locks are held (now() is the transaction's start, which may
             # be as long ago as the wait for another instance's lock).
@@ -202,12 +205,15 @@ class PostgresBackend(SqlBackend):
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON]
+            verdicts = self._admit(claims, results, states, now)
             for i, claim in enumerate(claims if recover else ()):  # held: won by a try whose answer was lost
                 record = records.get((claim.job, claim.slot))
                 if record is None or record.holder != instance or results[i][0] is not Outcome.LOST:
                     continue
                 if (claim.job, claim.slot) in recover:
                     results[i] = (Outcome.WON, 0)
+                    if record.state in (busy.SKIPPED, busy.PENDING):  # won, not sent: its job was busy
+                        verdicts[i] = record.state
                     if record.gap_after is not None:
                         gaps[i] = record.gap_after
             moved = [job for job in jobs if (cursors[job], keys[job]) != (before[job], keys_before[job])]
@@ -221,9 +227,9 @@ class PostgresBackend(SqlBackend):
             if won:
                 db.execute(
                     "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms, "
-                    "lease_end_ms, backups, gap_after) SELECT %s, job, slot, %s, 1, 'claimed', %s, deadline, %s, 0, "
-                    "after FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-                    "AS v(job, slot, deadline, after) ON CONFLICT (prefix, job, slot) DO NOTHING",
+                    "lease_end_ms, backups, gap_after) SELECT %s, job, slot, %s, 1, state, %s, deadline, %s, 0, "
+                    "after FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[]) "
+                    "AS v(job, slot, deadline, after, state) ON CONFLICT (prefix, job, slot) DO NOTHING",
                     (
                         self.prefix,
                         instance,
@@ -233,9 +239,12 @@ class PostgresBackend(SqlBackend):
                         [claims[i].slot for i in won],
                         [claims[i].deadline_ms for i in won],
                         [gaps.get(i) for i in won],
+                        [run_state(verdicts.get(i)) for i in won],
                     ),
                 )
-            return self._arm(db, claims, results, now, records, gaps)
+            if states:
+                self._write_busy(_Placeholders(db, self._sql), states)
+            return self._arm(db, claims, results, now, records, gaps, verdicts)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A notification per run, sent when the transaction commits."""

@@ -30,8 +30,9 @@ from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
+from .redis_busy import RedisOverlap, freed_of
 from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
-from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, START, TAKE_OVER
+from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
 __all__ = ["REDIS_SCHEMES", "NotReplicated", "RedisBackend"]
@@ -55,7 +56,7 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(StoreBackend):
+class RedisBackend(RedisOverlap, StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -131,9 +132,9 @@ class RedisBackend(StoreBackend):
         self._login_refused = redis.AuthenticationError
         self.answer_lost_errors = (*self._errors, NotReplicated)
         self.failure_errors = (redis.ResponseError,)  # a read-only replica, out of memory, scripts refused
-        scripts = [client.register_script(script) for script in (CLAIM, TAKE_OVER, MARK_SENT, START, HAND_BACK)]
-        self._claim_script, self._take_over_script, self._mark_sent_script, self._start_script = scripts[:4]
-        self._hand_back_script = scripts[4]
+        scripts = [client.register_script(script) for script in (CLAIM, TAKE_OVER, MARK_SENT, HAND_BACK)]
+        self._claim_script, self._take_over_script, self._mark_sent_script, self._hand_back_script = scripts
+        self._register_overlap()
         self._peers: Peers | None = None
         self._pubsub: Any = None  # subscribed to the leases handed back
         self._heard = "$"
@@ -206,10 +207,12 @@ class RedisBackend(StoreBackend):
         for claim in (claims[i] for i in order):
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups), claim.key, claim.kind]
-        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer.startswith(b"won"))
+            args += [claim.overlap, str(claim.queued_ms)]
+        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer.startswith((b"won", b"not:")))
         results: list[Answer] = [Answer(Outcome.UNDECIDED)] * len(claims)
         for i, answer in zip(order, answers):
             results[i] = self._answer(answer)
+        self._freed += [found for answer in answers[len(order) :] if (found := freed_of(answer)) is not None]
         return results
 
     @staticmethod
@@ -220,6 +223,8 @@ class RedisBackend(StoreBackend):
             return Answer(Outcome.LOST, int(amounts[0]), int(amounts[1]))
         if outcome == "won":
             return Answer(Outcome.WON, after=int(amounts[0]) if amounts else None)
+        if outcome == "not":  # won, not sent: its job is busy
+            return Answer(Outcome.LOST, after=int(amounts[1]) if len(amounts) > 1 else None, verdict=amounts[0])
         return Answer(Outcome(outcome), int(amounts[0]) if amounts else 0)
 
     def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
@@ -254,10 +259,6 @@ class RedisBackend(StoreBackend):
         for job, slot, token in runs:
             args += [job, str(slot), str(token)]
         return [bool(marked) for marked in self._mark_sent_script(args=args)]
-
-    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        answer = self._start_script(args=[self.prefix, job, str(slot), str(token), "1" if redelivered else "0"])
-        return {b"yes": True, b"no": False}.get(answer)
 
     def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
         args: list[Any] = [self.prefix, instance]
@@ -409,7 +410,7 @@ class RedisBackend(StoreBackend):
         """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, catch-up key, run records, history."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
         found: dict[str, list[bytes]] = {}
-        for kind in ("cursor", "catchup", "run", "history", "backfill"):
+        for kind in ("cursor", "catchup", "busy", "run", "history", "backfill"):
             for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)

@@ -1,45 +1,54 @@
 """The Lua scripts of the Redis backend: each decides, or changes, a batch of runs in one atomic
 step on Redis's own clock (``TIME``). Run records are hashes ``<prefix>run.<job>.<slot>``; each
 job's cursor is ``<prefix>cursor.<job>``. The rules are those of :mod:`.ordered` (claims) and
-:mod:`.leases` (takeovers, marks, starts, hand-backs), which the SQL stores run in Python."""
+:mod:`.leases` (takeovers, marks, hand-backs), which the SQL stores run in Python; the worker's start
+check and overlap protection are in :mod:`.redis_busy_scripts`."""
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "HAND_BACK", "MARK_SENT", "START", "TAKE_OVER"]
+__all__ = ["CLAIM", "HAND_BACK", "MARK_SENT", "TAKE_OVER"]
 
-# The store's clock, in the scripts: TIME, as epoch milliseconds (number and text).
-TIME = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_text = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-"""
+from .redis_busy_scripts import BUSY, TIME
 
 # KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
 # cluster). ARGV: prefix, instance, slot_ttl_ms, recover (a '1' or '0' per claim, in order; 1: a run
 # this instance holds already counts as won, with the gap its win left: the answer of an earlier
-# try was lost), lease_ms, then job, slot, deadline (-1:
-# none), backups wanted, catch-up key ('' : none) and kind ('', 'catch_up' or 'gap') for each
-# claim. Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "lost",
+# try was lost), lease_ms, then job, slot, deadline (-1: none), backups wanted, catch-up key ('' :
+# none), kind ('', 'catch_up' or 'gap'), overlap policy ('' : allow) and queued_ms for each claim.
+# Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "not:<verdict>"
+# or "not:<verdict>:<cursor>" (won, not sent: its job is busy, see busy.admit), "lost",
 # "undecided:<ms>", "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a
-# backup). Each job's catch-up key is <prefix>catchup.<job>.
+# backup); then the runs freed (see redis_busy_scripts). Each job's catch-up key is
+# <prefix>catchup.<job>.
 CLAIM = (
     TIME
     + """
 local prefix, instance, ttl, recovering, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+"""
+    + BUSY
+    + """
 local out = {}
 local i = 6
-local function record(run_key, deadline_text, after)
-  redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'claimed', 'decided_ms', now_text,
+-- A run won: recorded, and admitted by its job's overlap policy; its answer.
+local function record(run_key, deadline_text, after, job, slot, policy, queued_ms)
+  local verdict = busy_admit(job, slot, policy, queued_ms, lease)
+  local state = 'claimed'
+  if verdict == 'pending' then state = 'pending' elseif verdict ~= '' then state = 'skipped' end
+  redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', state, 'decided_ms', now_text,
              'deadline_ms', deadline_text, 'lease_end_ms', string.format('%d', now + lease), 'backups', '0')
   if after then redis.call('HSET', run_key, 'after', after) end  -- the gap it left, for a recovery
   redis.call('PEXPIRE', run_key, ttl)
+  if verdict ~= '' then
+    return 'not:' .. verdict .. (after and (':' .. after) or '')
+  end
+  return after and ('won:' .. after) or 'won'
 end
 local function keep_key(key_key, key)
   if key == '' then redis.call('DEL', key_key) else redis.call('SET', key_key, key) end
 end
 while i <= #ARGV do
   local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local key, kind = ARGV[i + 4], ARGV[i + 5]
+  local key, kind, policy, queued_ms = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], tonumber(ARGV[i + 7])
   local recover = recovering:sub(#out + 1, #out + 1) == '1'
   local slot = tonumber(slot_text)
   local cursor_key = prefix .. 'cursor.' .. job
@@ -55,7 +64,11 @@ while i <= #ARGV do
     if run[1] then  -- decided already
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
-        out[#out + 1] = run[6] and ('won:' .. run[6]) or 'won'
+        if run[2] == 'skipped' or run[2] == 'pending' then  -- won, not sent: its job was busy
+          out[#out + 1] = 'not:' .. run[2] .. (run[6] and (':' .. run[6]) or '')
+        else
+          out[#out + 1] = run[6] and ('won:' .. run[6]) or 'won'
+        end
       elseif wanted > 0 and run[2] == 'claimed' and (tonumber(run[3]) or 0) < wanted and (tonumber(run[4]) or 0) > 0
           and not (run_deadline and run_deadline >= 0 and now > run_deadline) then
         local rank = redis.call('HINCRBY', run_key, 'backups', 1)
@@ -65,8 +78,7 @@ while i <= #ARGV do
         out[#out + 1] = 'lost'
       end
     elseif kind == 'gap' then  -- inside a gap this instance won: the cursor is past it already
-      record(run_key, ARGV[i + 2], nil)
-      out[#out + 1] = 'won'
+      out[#out + 1] = record(run_key, ARGV[i + 2], nil, job, slot, policy, queued_ms)
     elseif kind == 'catch_up' then
       if not cursor or (redis.call('GET', key_key) or '') ~= key then  -- new, or changed: from now on
         keep_key(key_key, key)
@@ -76,9 +88,7 @@ while i <= #ARGV do
         out[#out + 1] = 'lost'
       else
         redis.call('SET', cursor_key, slot_text)
-        local after = string.format('%d', cursor)
-        record(run_key, ARGV[i + 2], after)
-        out[#out + 1] = 'won:' .. after
+        out[#out + 1] = record(run_key, ARGV[i + 2], string.format('%d', cursor), job, slot, policy, queued_ms)
       end
     elseif cursor and cursor >= slot and now - slot >= math.floor(ttl / 2) then
       out[#out + 1] = 'lost'  -- passed over by the cursor, and its record, had it one, may be gone
@@ -94,12 +104,12 @@ while i <= #ARGV do
           redis.call('SET', key_key, key)
         end
       end
-      record(run_key, ARGV[i + 2], after)
-      out[#out + 1] = after and ('won:' .. after) or 'won'
+      out[#out + 1] = record(run_key, ARGV[i + 2], after, job, slot, policy, queued_ms)
     end
   end
-  i = i + 6
+  i = i + 8
 end
+for k = 1, #freed do out[#out + 1] = freed[k] end
 return out
 """
 )
@@ -110,6 +120,9 @@ TAKE_OVER = (
     TIME
     + """
 local prefix, instance, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+"""
+    + BUSY
+    + """
 local out = {}
 for i = 4, #ARGV, 2 do
   local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
@@ -128,6 +141,7 @@ for i = 4, #ARGV, 2 do
   else
     local token = redis.call('HINCRBY', run_key, 'token', 1)
     redis.call('HSET', run_key, 'holder', instance, 'lease_end_ms', string.format('%d', now + lease))
+    busy_hold(ARGV[i], tonumber(ARGV[i + 1]), now + lease, false)  -- the run holds its job as long
     out[#out + 1] = 'won:' .. token
   end
 end
@@ -136,8 +150,13 @@ return out
 )
 
 # ARGV: prefix, then job, slot and token for each run. Per run: 1 (marked sent) or 0.
-MARK_SENT = """
+MARK_SENT = (
+    TIME
+    + """
 local prefix = ARGV[1]
+"""
+    + BUSY
+    + """
 local out = {}
 for i = 2, #ARGV, 3 do
   local run_key = prefix .. 'run.' .. ARGV[i] .. '.' .. ARGV[i + 1]
@@ -148,26 +167,13 @@ for i = 2, #ARGV, 3 do
     if run[2] == 'claimed' then
       redis.call('HSET', run_key, 'state', 'sent')
     end
+    busy_hold(ARGV[i], tonumber(ARGV[i + 1]), 0, true)  -- sent: its job is held until a worker starts it
     out[#out + 1] = 1
   end
 end
 return out
 """
-
-# ARGV: prefix, job, slot, token, redelivered (1 or 0). Returns "unknown", "yes" or "no".
-START = """
-local run_key = ARGV[1] .. 'run.' .. ARGV[2] .. '.' .. ARGV[3]
-local run = redis.call('HMGET', run_key, 'token', 'state')
-if not run[1] then
-  return 'unknown'
-elseif run[1] ~= ARGV[4] then
-  return 'no'
-elseif run[2] == 'started' then
-  if ARGV[5] == '1' then return 'yes' else return 'no' end
-end
-redis.call('HSET', run_key, 'state', 'started')
-return 'yes'
-"""
+)
 
 # ARGV: prefix, instance, then job, slot and token for each run. Each run given back is published
 # on <prefix>handback as "<job> <slot>"; returns how many were given back.

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..errors import BrokerUnavailable
 from ..history import EVENTS_PER_RUN, decode_event
-from . import leases
-from .base import Claim, Outcome
+from . import busy, leases
+from .base import Claim, Outcome, Start
+from .busy import Freed, JobBusy
 from .leases import RunRecord
 from .peers import Peers
 from .store import Answer, StoreBackend
@@ -105,6 +106,107 @@ class SqlBackend(StoreBackend):
             ],
         )
 
+    # -- overlap protection (see :mod:`.busy`) ------------------------------------------------
+
+    def _busy_states(self, db: Any, jobs: Sequence[str]) -> dict[str, JobBusy]:
+        """The overlap states of ``jobs`` that have one, read (and locked, where the store locks
+        rows: before their runs' records, as a claim does) in job order."""
+        unique = sorted(set(jobs))
+        if not unique:
+            return {}
+        rows = db.execute(
+            f"SELECT job, busy FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(unique))}) "
+            f"ORDER BY job{self.lock_rows}",
+            (self.prefix, *unique),
+        ).fetchall()
+        return {job: state for job, text in rows if (state := JobBusy.decode(text)) is not None}
+
+    def _write_busy(self, db: Any, states: Mapping[str, JobBusy]) -> None:
+        """Write the overlap states of jobs (a row made for a job that has none yet)."""
+        db.executemany(
+            "INSERT INTO anarchon_jobs (prefix, job, cursor, busy) VALUES (?, ?, -1, ?) "
+            "ON CONFLICT (prefix, job) DO UPDATE SET busy = excluded.busy",
+            [(self.prefix, job, state.encode()) for job, state in sorted(states.items())],
+        )
+
+    def _admit(
+        self, claims: Sequence[Claim], results: list[tuple[Outcome, int]], states: dict[str, JobBusy], now: int
+    ) -> dict[int, str]:
+        """:func:`.busy.admit_wins` for the claims just won, in a claim's transaction: returns the
+        verdicts of the wins not sent, by index; the states changed are in ``states``."""
+        won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON]
+        if not any(claims[i].overlap not in ("", busy.ALLOW) or claims[i].job in states for i in won):
+            return {}
+        verdicts, freed = busy.admit_wins(
+            [(c.job, c.slot, c.overlap, c.queued_ms) for c in claims], won, states, now, self.lease_ms
+        )
+        self._freed += freed
+        return verdicts
+
+    def _start(self, job: str, slot: int, token: int, redelivered: bool, run: str, worker: str, lease_ms: int) -> Start:
+        with self._rows() as db:
+            states = self._busy_states(db, [job])
+            record = self._records(db, [(job, slot)]).get((job, slot))
+            allowed = leases.start(record, token, redelivered) if token else None
+            if allowed is False:
+                return Start(False)
+            state = states.get(job)
+            now = self._locked_now(db)
+            verdict, freed = busy.start(state, slot, run, worker, now, lease_ms, has_record=record is not None)
+            if state is not None:
+                self._write_busy(db, {job: state})
+            if verdict != busy.RUN:
+                left = max(0, state.until_ms - now) if state is not None else 0
+                return Start(False, verdict, left, freed)
+            if allowed and record is not None:
+                self._write_records(db, {(job, slot): record})
+        holds = state is not None and state.policy != busy.ALLOW
+        return Start(allowed, "", 0, freed, holds)
+
+    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+        with self._rows() as db:
+            states = self._busy_states(db, [job for job, _ in runs])
+            if not states:
+                return [None] * len(runs)
+            now = self._locked_now(db)
+            renewed = [busy.renew(states.get(job), slot, worker, now, lease_ms) for job, slot in runs]
+            self._write_busy(db, states)
+        return renewed
+
+    def _end_busy(self, job: str, slot: int, worker: str) -> bool:
+        with self._rows() as db:
+            state = self._busy_states(db, [job]).get(job)
+            ended = busy.end(state, slot, worker)
+            if ended and state is not None:
+                self._write_busy(db, {job: state})
+        return ended
+
+    def _next_pending(
+        self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]
+    ) -> tuple[list[tuple[str, int, int]], list[tuple[str, Freed]]]:
+        with self._rows() as db:
+            states = self._busy_states(db, jobs)
+            now = self._locked_now(db)
+            taken: list[tuple[str, int, int]] = []
+            freed: list[tuple[str, Freed]] = []
+            for job, state in sorted(states.items()):
+                slot, gone = busy.next_pending(state, now, self.lease_ms)
+                if gone is not None:
+                    freed.append((job, gone))
+                if slot is None:
+                    continue
+                token = db.execute(
+                    "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, deadline_ms, "
+                    "lease_end_ms, backups) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0) "
+                    "ON CONFLICT (prefix, job, slot) DO UPDATE SET holder = excluded.holder, "
+                    "token = anarchon_runs.token + 1, state = 'claimed', decided_ms = excluded.decided_ms, "
+                    "deadline_ms = excluded.deadline_ms, lease_end_ms = excluded.lease_end_ms RETURNING token",
+                    (self.prefix, job, slot, instance, now, deadline_ms.get(job), now + self.lease_ms),
+                ).fetchone()[0]
+                taken.append((job, slot, int(token)))
+            self._write_busy(db, states)
+        return taken, freed
+
     def _locked_now(self, db: Any) -> int:
         return int(db.execute(self.locked_now_sql or self.now_sql, ()).fetchone()[0])
 
@@ -116,12 +218,19 @@ class SqlBackend(StoreBackend):
         now: int,
         records: Mapping[tuple[str, int], RunRecord],
         gaps: Mapping[int, int],
+        verdicts: Mapping[int, str],
     ) -> list[Answer]:
         """The answers to claims decided in ``raw``'s transaction, the losers of runs still only
         claimed armed as their backups (while the claims want more). ``records`` are the runs'
         records as read (and locked) in the transaction, before its wins; ``gaps`` the gaps the
-        wins left, by claim index (see :func:`.ordered.decide`)."""
-        answers = [Answer(outcome, amount, 0, gaps.get(i)) for i, (outcome, amount) in enumerate(decided)]
+        wins left, by claim index (see :func:`.ordered.decide`); ``verdicts`` the wins not sent,
+        their job busy (not won, then: nobody sends them)."""
+        answers = [
+            Answer(Outcome.LOST, 0, 0, gaps.get(i), verdicts[i])
+            if i in verdicts
+            else Answer(outcome, amount, 0, gaps.get(i))
+            for i, (outcome, amount) in enumerate(decided)
+        ]
         losers = [i for i, (outcome, _) in enumerate(decided) if outcome is Outcome.LOST and claims[i].backups > 0]
         if not losers:
             return answers
@@ -139,6 +248,7 @@ class SqlBackend(StoreBackend):
 
     def _take_over(self, claims: Sequence[Claim], instance: str) -> list[tuple[str, int]]:
         with self._rows() as db:
+            states = self._busy_states(db, [c.job for c in claims])  # (locked before the runs, as a claim does)
             records = self._records(db, [(c.job, c.slot) for c in claims])
             now = self._locked_now(db)
             answers = []
@@ -150,22 +260,24 @@ class SqlBackend(StoreBackend):
                     changed[key] = records[key]
                 answers.append(answer)
             self._write_records(db, changed)
+            for (job, slot), record in changed.items():  # the run holds its job for the new lease
+                busy.held_by_lease(states.get(job), slot, record.lease_end_ms)
+            self._write_busy(db, {job: states[job] for job, _ in changed if job in states})
         return answers
 
     def _mark_sent(self, runs: Sequence[tuple[str, int, int]]) -> list[bool]:
         with self._rows() as db:
+            states = self._busy_states(db, [job for job, _, _ in runs])  # (locked before the runs)
             records = self._records(db, [(job, slot) for job, slot, _ in runs])
             results = [leases.mark_sent(records.get((job, slot)), token) for job, slot, token in runs]
             self._write_records(db, records)
+            if states:  # a run sent holds its job until a worker starts it (queued_ms)
+                now = self._locked_now(db)
+                for (job, slot, _), marked in zip(runs, results):
+                    if marked:
+                        busy.sent(states.get(job), slot, now)
+                self._write_busy(db, states)
         return results
-
-    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        with self._rows() as db:
-            record = self._records(db, [(job, slot)]).get((job, slot))
-            allowed = leases.start(record, token, redelivered)
-            if record is not None:
-                self._write_records(db, {(job, slot): record})
-        return allowed
 
     def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
         with self._rows() as db:

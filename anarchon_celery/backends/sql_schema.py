@@ -76,6 +76,9 @@ TABLES = (
             Column("job", "text"),
             Column("cursor", "bigint", comment="every slot at or below it is decided"),
             Column("catch_up_key", "text", null=True, comment="the schedule it catches up on", added=True),
+            Column(
+                "busy", "text", null=True, comment="overlap protection: the run holding it, runs pending", added=True
+            ),
         ),
         key=("prefix", "job"),
     ),
@@ -87,7 +90,7 @@ TABLES = (
             Column("slot", "bigint"),
             Column("holder", "text", comment="the instance that runs it"),
             Column("token", "int", comment="fencing token: 1 for the first winner, +1 a takeover"),
-            Column("state", "text", comment="claimed, sent, started"),
+            Column("state", "text", comment="claimed, sent, started; skipped or pending (its job busy)"),
             Column("decided_ms", "bigint", comment="the store's time of the win"),
             Column("deadline_ms", "bigint", null=True, comment="the latest the run may be sent"),
             Column("lease_end_ms", "bigint", default=0, comment="the holder's lease, until then", added=True),

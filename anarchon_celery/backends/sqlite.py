@@ -26,6 +26,7 @@ from typing import Any
 from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
+from .busy import JobBusy, run_state
 from .ordered import decide
 from .sql import SqlBackend
 from .sql_schema import SQLITE, TABLES, columns_missing, create_sql
@@ -269,16 +270,18 @@ class SQLiteBackend(SqlBackend):
         with self._transaction() as db:
             now = db.execute(_NOW).fetchone()[0]
             found = db.execute(
-                "SELECT job, cursor, catch_up_key FROM anarchon_jobs "
+                "SELECT job, cursor, catch_up_key, busy FROM anarchon_jobs "
                 f"WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
                 (self.prefix, *jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = {job: cursor for job, cursor, _ in found}
-            keys = {job: key or "" for job, _, key in found}
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in found}
+            keys = {job: key or "" for job, _, key, _ in found}
+            states = {job: state for job, *_, text in found if (state := JobBusy.decode(text)) is not None}
             before = dict(cursors), dict(keys)
             records = self._records(db, [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
+            verdicts = self._admit(claims, results, states, now)
             moved = [
                 job
                 for job in jobs
@@ -288,18 +291,30 @@ class SQLiteBackend(SqlBackend):
                 "INSERT INTO anarchon_jobs (prefix, job, cursor, catch_up_key) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (prefix, job) DO UPDATE SET cursor = excluded.cursor, "
                 "catch_up_key = excluded.catch_up_key",
-                [(self.prefix, job, cursors[job], keys.get(job, "")) for job in moved],
+                [(self.prefix, job, _stored(cursors[job]), keys.get(job, "")) for job in moved],
             )
             db.executemany(
                 "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
-                "deadline_ms, lease_end_ms, backups, gap_after) VALUES (?, ?, ?, ?, 1, 'claimed', ?, ?, ?, 0, ?)",
+                "deadline_ms, lease_end_ms, backups, gap_after) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, 0, ?)",
                 [
-                    (self.prefix, c.job, c.slot, instance, now, c.deadline_ms, now + self.lease_ms, gaps.get(i))
+                    (
+                        self.prefix,
+                        c.job,
+                        c.slot,
+                        instance,
+                        run_state(verdicts.get(i)),
+                        now,
+                        c.deadline_ms,
+                        now + self.lease_ms,
+                        gaps.get(i),
+                    )
                     for i, c in enumerate(claims)
                     if results[i][0] is Outcome.WON
                 ],
             )
-            return self._arm(db, claims, results, now, records, gaps)
+            if states:
+                self._write_busy(db, states)
+            return self._arm(db, claims, results, now, records, gaps, verdicts)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A row per run, which the other instances read at their next wake-up (and forgotten an
@@ -365,3 +380,8 @@ class SQLiteBackend(SqlBackend):
                 with contextlib.suppress(sqlite3.Error):
                     self._db.close()
             self._db = None
+
+
+def _stored(cursor: int | None) -> int:
+    """A cursor as its row keeps it: -1 for none (a row made for a job's overlap state only)."""
+    return -1 if cursor is None else cursor

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .. import clock
@@ -34,11 +34,14 @@ from .base import (
     LeaseStore,
     MissedRuns,
     Outcome,
+    Overlapped,
+    Start,
     Takeover,
     TakeoverKind,
     check_prefix,
     check_slot_ttl,
 )
+from .busy import Freed
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
@@ -50,6 +53,8 @@ T = TypeVar("T")
 EARLY_WAIT_MS = 1_000
 #: How long a winner holds a run before its backups may take it over, by default.
 DEFAULT_LEASE_MS = 5_000
+#: How long a worker holds a job protected from overlap between two heartbeats, by default.
+DEFAULT_BUSY_LEASE_MS = 30_000
 
 
 def check_lease(lease_ms: object) -> int:
@@ -69,6 +74,8 @@ class Answer(NamedTuple):
     rank: int = 0
     #: A win that left a gap: the cursor it moved up from (see :class:`.base.Gap`).
     after: int | None = None
+    #: A win not sent, its job busy: ``skipped``, ``pending`` or ``dropped`` (see :mod:`.busy`).
+    verdict: str = ""
 
 
 _Store = TypeVar("_Store", bound="StoreBackend")
@@ -104,6 +111,8 @@ class StoreBackend(Backend, LeaseStore, JobState):
         self._missed = MissedRuns()
         self._armed: list[Armed] = []
         self._gaps: list[Gap] = []
+        self._overlapped: list[Overlapped] = []
+        self._freed: list[tuple[str, Freed]] = []
         #: Runs whose claim's answer may have been lost with every try: made again (by the
         #: scheduler, as AWAY), they are asked with recovery, which finds a win of this instance.
         self._in_doubt: set[tuple[str, int]] = set()
@@ -125,8 +134,24 @@ class StoreBackend(Backend, LeaseStore, JobState):
         """:func:`.leases.mark_sent` for each ``(job, slot, token)``, in one atomic step."""
 
     @abc.abstractmethod
-    def _start(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        """:func:`.leases.start`, in one atomic step."""
+    def _start(self, job: str, slot: int, token: int, redelivered: bool, run: str, worker: str, lease_ms: int) -> Start:
+        """:func:`.leases.start` (for a ``token``), then :func:`.busy.start` (for a job
+        protected from overlap), in one atomic step: a run refused by either is not marked."""
+
+    @abc.abstractmethod
+    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+        """:func:`.busy.renew` for each run, in one atomic step."""
+
+    @abc.abstractmethod
+    def _end_busy(self, job: str, slot: int, worker: str) -> bool:
+        """:func:`.busy.end`, in one atomic step."""
+
+    @abc.abstractmethod
+    def _next_pending(
+        self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]
+    ) -> tuple[list[tuple[str, int, int]], list[tuple[str, Freed]]]:
+        """:func:`.busy.next_pending` for each job, in one atomic step: each run taken is held by
+        ``instance`` (its record made, or its token moved up, with a lease), with the runs freed."""
 
     @abc.abstractmethod
     def _hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
@@ -171,12 +196,12 @@ class StoreBackend(Backend, LeaseStore, JobState):
             self._recovered()
             self._in_doubt.difference_update(keys[i] for i in todo)
             soon: list[tuple[int, int]] = []  # a little early: claimed again at their slot
-            for i, (outcome, amount, rank, after) in zip(todo, answers):
-                if outcome is Outcome.EARLY and not waited and amount <= EARLY_WAIT_MS:
-                    soon.append((i, amount))
+            for i, answer in zip(todo, answers):
+                if answer.outcome is Outcome.EARLY and not waited and answer.amount <= EARLY_WAIT_MS:
+                    soon.append((i, answer.amount))
                     continue
-                outcomes[i] = outcome
-                self._answered(claims[i], Answer(outcome, amount, rank, after), on_won)
+                outcomes[i] = answer.outcome
+                self._answered(claims[i], answer, on_won)
             if not soon:
                 break
             time.sleep(max(amount for _, amount in soon) / 1000)
@@ -188,11 +213,14 @@ class StoreBackend(Backend, LeaseStore, JobState):
         return [outcomes.get(i, left) for i in range(len(claims))]
 
     def _answered(self, claim: Claim, answer: Answer, on_won: Callable[[Claim], None] | None) -> None:
-        """Note a claim's final answer: a backup armed, a gap left, a deadline passed, a win."""
-        outcome, amount, rank, after = answer
+        """Note a claim's final answer: a backup armed, a gap left, a deadline passed, a win, a
+        win not sent (its job busy)."""
+        outcome, amount, rank, after, verdict = answer
+        if verdict:
+            self._overlapped.append(Overlapped(claim, verdict))
         if rank:
             self._armed.append(Armed(claim, rank, amount))
-        if after is not None and outcome is Outcome.WON:
+        if after is not None and (outcome is Outcome.WON or verdict):  # (won, even if not sent)
             self._gaps.append(Gap(claim, after))
         if outcome is Outcome.UNDECIDED:
             logger.warning(
@@ -259,8 +287,39 @@ class StoreBackend(Backend, LeaseStore, JobState):
         except self.answer_lost_errors:
             return step()
 
-    def start_run(self, job: str, slot: int, token: int, redelivered: bool) -> bool | None:
-        return self._start(job, slot, token, redelivered)
+    def overlapped(self) -> list[Overlapped]:
+        overlapped, self._overlapped = self._overlapped, []
+        return overlapped
+
+    def freed(self) -> list[tuple[str, Freed]]:
+        freed, self._freed = self._freed, []
+        return freed
+
+    def start_run(
+        self, job: str, slot: int, token: int, redelivered: bool, *, run: str = "", worker: str = "", lease_ms: int = 0
+    ) -> Start:
+        return self._start(job, slot, token, redelivered, run, worker, lease_ms or DEFAULT_BUSY_LEASE_MS)
+
+    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+        return self._renew_busy(runs, worker, lease_ms) if runs else []
+
+    def end_busy(self, job: str, slot: int, worker: str) -> bool:
+        return self._end_busy(job, slot, worker)
+
+    def next_pending(
+        self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]
+    ) -> list[tuple[str, int, int]]:
+        if not jobs:
+            return []
+        try:
+            taken, freed = self._next_pending(
+                jobs, instance, deadline_ms
+            )  # (once: a run taken whose answer was lost holds its job for a lease, then the next one goes)
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            logger.debug("anarchon: pending runs not looked for in %s (%s)", self.describe(), exc)
+            return []
+        self._freed += freed
+        return taken
 
     def hand_back(self, runs: Sequence[tuple[str, int, int]], instance: str) -> int:
         if not runs:

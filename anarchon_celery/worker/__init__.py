@@ -5,6 +5,6 @@ worker: each task of a run is checked against its run's lease before it starts
 
 from __future__ import annotations
 
-from . import history, splits, start_check
+from . import history, holding, splits, start_check
 
-__all__ = ["history", "splits", "start_check"]
+__all__ = ["history", "holding", "splits", "start_check"]

@@ -50,7 +50,8 @@ from celery.signals import (
 from .. import clock
 from ..history import encode_event
 from ..task_run import run_headers_of
-from . import splits, start_check
+from . import holding, splits, start_check
+from .start_check import worker_name
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush"]
 
@@ -392,7 +393,7 @@ def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
             run=run["run"],
             job=run["job"],
             at_ms=clock.now_ms(),
-            worker=getattr(request, "hostname", None) or f"pid {os.getpid()}",
+            worker=worker_name(request),
             **fields,
         )
         writer.put(run["job"], body, history_size)
@@ -409,14 +410,45 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
         if run is not None:
             splits.notice(run["job"], run["place"], run["instance"])
     # A task refused by its run's lease (a second message of the run) is not run: no history.
-    if task is not None and start_check.check(task):
-        _record(task, task.request, "running")
+    if task is None:
+        return
+    started = start_check.check(task)
+    request = task.request
+    freed = getattr(request, start_check.FREED, None)
+    if freed is not None:  # a run of the job whose worker stopped renewing its hold: abandoned
+        _record_freed(task, freed)
+    verdict = getattr(request, start_check.OVERLAP, None)
+    if started:
+        _record(task, request, "running")
+    elif verdict == "skipped":  # its job busy with another run
+        _record(task, request, "skipped", reason="overlap", **_slot_of(request))
+    elif verdict == "pending":
+        _record(task, request, "pending", **_slot_of(request))
+
+
+def _slot_of(request: Any) -> dict[str, Any]:
+    run = run_headers_of(request)
+    return {"slot": int(run["slot"])} if run is not None and run["slot"] is not None else {}
+
+
+def _record_freed(task: Any, freed: Any) -> None:
+    from ..overlapping import freed_events
+
+    try:
+        writer = _writer(task.app)
+        for job, body, size in freed_events(writer.deployment.jobs, [freed], "worker", worker_name(task.request)):
+            writer.put(job, body, writer.history_size(job) if job in writer.deployment.jobs else size)
+    except Exception:  # noqa: BLE001 - history must never fail the task
+        logger.warning("anarchon: abandoned event of job %r not recorded", freed[0], exc_info=True)
 
 
 @task_postrun.connect
 def _on_postrun(sender: Any = None, task: Any = None, retval: Any = None, state: str | None = None, **_: Any) -> None:
     if task is None:
         return
+    request = task.request
+    if state != "RETRY" and not getattr(request, start_check.REFUSED, False):
+        holding.end(task.app, request, worker_name(request))  # its job (protected from overlap) is free
     if state == "SUCCESS":
         _record(task, task.request, "succeeded")
     elif state == "FAILURE":
@@ -434,7 +466,9 @@ def _on_failure(sender: Any = None, exception: BaseException | None = None, **_:
     if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
         return
     event = "abandoned" if isinstance(exception, WorkerLostError) else "failed"
-    _record(sender, getattr(sender, "request", None), event, error_type=type(exception).__name__, error=str(exception))
+    request = getattr(sender, "request", None)
+    _record(sender, request, event, error_type=type(exception).__name__, error=str(exception))
+    holding.end(sender.app, request, "")  # its job (protected from overlap) is free
 
 
 @task_revoked.connect
@@ -452,6 +486,7 @@ def _on_revoked(
     reason = "expired" if expired else "terminated" if terminated else "revoked"
     error = f"signal {signum}" if terminated and signum is not None else None
     _record(sender, request, "revoked", reason=reason, error=error)
+    holding.end(sender.app, request, "")  # its job (protected from overlap) is free
 
 
 worker_shutdown.connect(_close_all, weak=False)

@@ -46,12 +46,14 @@ from ..task_run import run_headers_of
 
 if TYPE_CHECKING:
     from ..backends import Backend
+    from ..backends.base import LeaseStore, Start
 
-__all__ = ["check", "install"]
+__all__ = ["FREED", "HOLDS", "OVERLAP", "REFUSED", "check", "install", "store_of", "worker_name"]
 
 logger = logging.getLogger(__name__)
 
-_REFUSED = "anarchon_refused"
+#: Request attribute: the task was refused by its start check.
+REFUSED = "anarchon_refused"
 #: Seconds a worker process's tasks run without asking a store that could not be asked.
 ASK_AGAIN_S = 5.0
 _lock = threading.Lock()
@@ -59,6 +61,15 @@ _lock = threading.Lock()
 _backends: dict[tuple[int, int], Backend | None] = {}
 #: Per process and app whose store could not be asked: until when (time.monotonic()) it is not.
 _away_until: dict[tuple[int, int], float] = {}
+#: Per process and app: how long a worker holds a job protected from overlap (its heartbeat's lease).
+_lease_ms: dict[tuple[int, int], int] = {}
+#: Request attributes: why a task was not started, its job being busy (``skipped``, ``pending``,
+#: ``wait``); and a run of the job whose hold ran out, found by the check: ``(job, Freed)``.
+OVERLAP = "anarchon_overlap_verdict"
+FREED = "anarchon_freed"
+#: Request attribute: the run holds its job (protected from overlap) since its start check.
+HOLDS = "anarchon_holds"
+WAIT = "wait"
 
 
 def _backend(app: Any) -> Backend | None:
@@ -83,7 +94,16 @@ def _backend(app: Any) -> Backend | None:
                     )
                     backend = None
                 _backends[key] = backend if backend is not None and backend.lease_store is not None else None
+                _lease_ms[key] = settings.overlap_lease_ms if backend is not None else 0
     return _backends[key]
+
+
+def store_of(app: Any) -> tuple[LeaseStore, int] | None:
+    """The store this process checks ``app``'s runs on, with the workers' hold on a busy job
+    (``anarchon_overlap_lease_ms``); None on a backend without leases."""
+    backend = _backend(app)
+    store = backend.lease_store if backend is not None else None
+    return None if store is None else (store, _lease_ms.get((os.getpid(), id(app)), 0))
 
 
 def _after_fork_in_child() -> None:
@@ -91,6 +111,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _backends.clear()
     _away_until.clear()
+    _lease_ms.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -98,19 +119,20 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def check(task: Any) -> bool:
     """Whether the task now starting may run (see the module's text); a refusal is noted on its
-    request, for its ``before_start`` to act on. Never raises."""
+    request, for its ``before_start`` to act on (and why, when its job is busy, for its history).
+    Never raises."""
     request = task.request
     run = run_headers_of(request)
-    if run is None or not run["token"]:
-        return True  # not a run's, or not sent on a backend with leases
-    token, job, slot = run["token"], run["job"], run["slot"]
+    if run is None:
+        return True  # not a run's
+    token, job, slot = int(run["token"] or 0), run["job"], run["slot"]
     if job is None or slot is None or (getattr(request, "retries", None) or 0) > 0:
         return True  # not a run's (headers of its own), or the task's own retry: its run started
     redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
     backend = _backend(task.app)
     store = backend.lease_store if backend is not None else None
     if backend is None or store is None:
-        return True
+        return True  # (a message without a token, on such a backend: run_now's, backfill's)
     key = (os.getpid(), id(task.app))
     away_until = _away_until.get(key)
     if away_until is not None and time.monotonic() < away_until:
@@ -118,16 +140,10 @@ def check(task: Any) -> bool:
             "anarchon: job %r slot %s: %s is away; task %s runs unchecked", job, slot, backend.describe(), request.id
         )
         return True
-    error: BaseException | None = None
-    for again in (False, True):
-        try:
-            # Asked again after a failure, the first ask may have marked the run started: the
-            # start of this very message then, to be run (as a delivery made again is).
-            allowed = store.start_run(str(job), int(slot), int(token), redelivered or again)
-            break
-        except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
-            error = exc
-    else:
+    worker = worker_name(request)
+    lease_ms = _lease_ms.get(key, 0)
+    answer = _ask(store, str(job), int(slot), token, redelivered, str(run["run"]), worker, lease_ms)
+    if isinstance(answer, BaseException):
         _away_until[key] = time.monotonic() + ASK_AGAIN_S
         logger.log(
             logging.DEBUG if away_until is not None else logging.WARNING,
@@ -137,17 +153,35 @@ def check(task: Any) -> bool:
             slot,
             backend.describe(),
             request.id,
-            error,
+            answer,
             ASK_AGAIN_S,
         )
         return True
     if away_until is not None:
         del _away_until[key]
         logger.warning("anarchon: %s answers again: tasks are checked against their runs again", backend.describe())
-    if allowed is None:
+    if answer.freed is not None:
+        setattr(request, FREED, (str(job), answer.freed))
+    if answer.holds:
+        setattr(request, HOLDS, True)
+    if answer.overlap:
+        setattr(request, OVERLAP, answer.overlap)
+        logger.info(
+            "anarchon: job %r slot %s: task %s not run: %s",
+            job,
+            slot,
+            request.id,
+            "another worker holds this very run (its message was delivered again while it runs)"
+            if answer.overlap == WAIT
+            else "the job's last run is still busy (overlap): "
+            + ("kept pending, sent again once it ends" if answer.overlap == "pending" else "skipped"),
+        )
+        setattr(request, REFUSED, True)
+        return False
+    if answer.allowed is None:
         logger.debug("anarchon: job %r slot %s: run not known any more; task %s runs", job, slot, request.id)
         return True
-    if allowed:
+    if answer.allowed:
         return True
     logger.info(
         "anarchon: job %r slot %s: task %s (token %s) not run: the run was taken over or has started",
@@ -156,13 +190,50 @@ def check(task: Any) -> bool:
         request.id,
         token,
     )
-    setattr(request, _REFUSED, True)
+    setattr(request, REFUSED, True)
     return False
+
+
+def _ask(
+    store: LeaseStore, job: str, slot: int, token: int, redelivered: bool, run: str, worker: str, lease_ms: int
+) -> Start | BaseException:
+    """The store's answer, or the error it failed with twice. While another worker holds this
+    very run (:data:`WAIT`), asked again until that worker's hold runs out (it died: the run
+    starts here) or is renewed (it is alive, and runs it: not here)."""
+    waited_until: float | None = None
+    while True:
+        error: BaseException = RuntimeError("not asked")
+        for again in (False, True):
+            try:
+                # Asked again after a failure, the first ask may have marked the run started: the
+                # start of this very message then, to be run (as a delivery made again is).
+                answer = store.start_run(
+                    job, slot, token, redelivered or again, run=run, worker=worker, lease_ms=lease_ms
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - the store's errors: tried once more
+                error = exc
+        else:
+            return error
+        if answer.overlap != WAIT:
+            return answer
+        ends = time.monotonic() + answer.left_ms / 1000
+        if waited_until is None:
+            waited_until = ends
+        elif ends > waited_until + 0.5:  # renewed: its worker is alive, and runs it
+            return answer
+        time.sleep(min(1.0, answer.left_ms / 1000 + 0.05))
+
+
+def worker_name(request: Any) -> str:
+    """Who runs a task, as the worker's start check, heartbeat and history name it: the worker's
+    node name (``celery@host``), else this process."""
+    return str(getattr(request, "hostname", None) or f"pid {os.getpid()}")
 
 
 def _gated(original: Any) -> Any:
     def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
-        if getattr(self.request, _REFUSED, False):
+        if getattr(self.request, REFUSED, False):
             raise Ignore()
         return original(self, task_id, args, kwargs)
 
