@@ -24,15 +24,14 @@ from celery import beat
 from . import clock, stopping
 from .backends import Backend, Claim, Outcome
 from .backends.base import CATCH_UP
-from .catching_up import CatchUps
 from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
-from .overlapping import Overlaps
 from .planning import Plan
 from .runqueue import BackupTry, Item
 from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
+from .store_runs import StoreRuns
 
 __all__ = ["Scheduler", "instance_id"]
 
@@ -74,10 +73,8 @@ class Scheduler(beat.Scheduler):
         self.signals = stopping.StopSignals()
         self.tasks = TaskLink(app, instance=self.instance, make_sender=self.make_sender)
         self._place_asked_at = -PLACE_AGAIN_S
-        #: The catch-up of the gaps its claims find, on a backend with leases only.
-        self.catch_ups: CatchUps | None = None
-        #: Overlap protection's records and pending runs, on a backend with leases only.
-        self.overlaps: Overlaps | None = None
+        #: Catch-up and overlap protection, on a backend with leases only.
+        self.store_runs: StoreRuns | None = None
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -115,8 +112,7 @@ class Scheduler(beat.Scheduler):
         store = backend.lease_store
         if store is not None:
             self.leases = LeaseBook(store, self.instance)
-            self.catch_ups = CatchUps(self.jobs, self.instance, backend.prefix)
-            self.overlaps = Overlaps(self.jobs, self.instance, backend.prefix)
+            self.store_runs = StoreRuns(self.jobs, self.instance, backend)
             if reachable:
                 store.handed_back()  # listening from now on
         if reachable:
@@ -242,7 +238,7 @@ class Scheduler(beat.Scheduler):
             self._plan.prepares.wait_s(now),
             handbacks,
             self.leases.wake_within_s() if self.leases is not None else None,
-            self.overlaps.wait_s() if self.overlaps is not None else None,
+            self.store_runs.wait_s() if self.store_runs is not None else None,
         ]
         return min(limit for limit in limits if limit is not None)
 
@@ -299,32 +295,16 @@ class Scheduler(beat.Scheduler):
                 logger.debug("anarchon: job %r slot %d: %s", claim.job, claim.slot, outcome.value)
             elif (claim.job, claim.slot) not in won and claim.kind != CATCH_UP:  # not reported as they came
                 runs.append(self._outgoing(claim, now, token))
-        runs += self._caught_up(backend, claims, outcomes)
+        if self.store_runs is not None:
+            runs += self.store_runs.after_claims(claims, outcomes, self._outgoing)
         return self._send_held(runs) if runs else []
-
-    def _caught_up(self, backend: Backend, claims: list[Claim], outcomes: list[Outcome]) -> list[Outgoing]:
-        """On a store, after claims: the runs of the gaps they found, to send; the wins not sent
-        (their job busy) and the runs freed, noted."""
-        store = backend.lease_store
-        if self.catch_ups is None or self.overlaps is None or store is None:
-            return []
-        overlapped = store.overlapped()  # (a catch-up claim not sent: its job busy)
-        won_late = [c for c, o in zip(claims, outcomes) if o is Outcome.WON and c.kind == CATCH_UP]
-        not_sent = {(item.claim.job, item.claim.slot) for item in overlapped}
-        runs = self.catch_ups.runs(backend, won_late, self._outgoing, not_sent)
-        self.overlaps.note(overlapped + store.overlapped(), store.freed())
-        return runs
 
     def _run_pending(self) -> None:
         """Send the runs kept pending (``buffer_one``, ``buffer_all``) whose job is free again."""
-        store = self.backend.lease_store if self.backend is not None else None
-        if self.overlaps is None or store is None or self.signals.pending:
-            return
-        taken = self.overlaps.take_pending(store)
-        if taken:
-            now = clock.now_ms()
-            done = self._send_held([self._outgoing(claim, now, token, trigger="buffered") for claim, token in taken])
-            self._record(done)
+        if self.store_runs is not None and not self.signals.pending:
+            runs = self.store_runs.pending(self._outgoing)
+            if runs:
+                self._record(self._send_held(runs))
 
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
@@ -362,10 +342,8 @@ class Scheduler(beat.Scheduler):
         event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
         events = history_events(done, self.instance)
-        if self.catch_ups is not None:
-            events += self.catch_ups.skipped()
-        if self.overlaps is not None:
-            events += self.overlaps.events()
+        if self.store_runs is not None:
+            events += self.store_runs.events()
         if events:
             self.backend.record_many(events)
 

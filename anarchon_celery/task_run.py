@@ -52,7 +52,9 @@ class ScheduledRun:
     #: The run's id: the task id of a scheduled run, the same on every instance.
     run_id: str
     #: ``schedule``, ``catch_up`` (a run missed while no instance could claim it, sent late by a
-    #: job's catch-up policy), ``backfill`` (sent by ``celery anarchon backfill``) or ``manual``.
+    #: job's catch-up policy), ``buffered`` (due while its job's last run was busy, kept pending by
+    #: its overlap policy and sent once that run ended), ``backfill`` (sent by
+    #: ``celery anarchon backfill``) or ``manual``.
     trigger: str
     #: The instance (``host:pid``) that sent this message, when it said.
     instance: str | None = None

@@ -79,12 +79,13 @@ def test_a_run_sent_holds_its_job_until_queued_ms_then_a_worker_holds_it_until_i
     assert state.until_ms == NOW + 100 + QUEUED
     assert rules.start(state, 10, "run-10", "w1", NOW + 200, 30_000, has_record=True) == (RUN, None)
     assert (state.state, state.worker, state.run, state.until_ms) == (rules.RUNNING, "w1", "run-10", NOW + 30_200)
-    assert rules.renew(state, 10, "w1", NOW + 10_000, 30_000) is True
+    assert rules.renew(state, 10, "w1", NOW + 10_000, 30_000) == rules.RENEWED
     assert state.until_ms == NOW + 40_000
+    assert rules.renew(state, 10, "w1", NOW + 40_000, 30_000) == rules.LATE  # it had run out: nobody took it
     assert rules.end(state, 99, "w1") is False  # not its run
     assert rules.end(state, 10, "w1") is True
     assert state.slot is None
-    assert rules.renew(state, 10, "w1", NOW + 20_000, 30_000) is False  # ended: nothing to renew
+    assert rules.renew(state, 10, "w1", NOW + 20_000, 30_000) == rules.LOST  # ended: nothing to renew
 
 
 def test_a_worker_that_stops_renewing_frees_the_job_and_its_run_is_abandoned() -> None:
@@ -236,7 +237,7 @@ def test_a_store_sends_no_run_of_a_busy_job_under_skip(make_backend: Any) -> Non
     assert (start.allowed, start.overlap, start.holds) == (True, "", True)
     assert b.claim([_claim(30_000)], "b") == [Outcome.LOST]
     assert [item.verdict for item in store_b.overlapped()] == [SKIPPED]
-    assert store_b.renew_busy([("j", 10_000), ("j", 30_000), ("other", 5)], "w1", 30_000) == [True, False, None]
+    assert store_b.renew_busy([("j", 10_000), ("j", 30_000), ("other", 5)], "w1", 30_000) == ["renewed", "lost", None]
     assert store_b.end_busy("j", 10_000, "w1") is True
     assert b.claim([_claim(40_000)], "b") == [Outcome.WON]
     assert store_b.overlapped() == []
@@ -271,7 +272,7 @@ def test_a_worker_that_dies_frees_its_job_once_its_hold_runs_out(make_backend: A
     assert a.claim([_claim(30_000)], "a") == [Outcome.WON]
     assert store.freed() == [("j", Freed(10_000, "r1", "w1", True))]
     # Had w1 only stalled, its next renewal is told that its hold is gone.
-    assert store.renew_busy([("j", 10_000)], "w1", 300) == [False]
+    assert store.renew_busy([("j", 10_000)], "w1", 300) == ["lost"]
 
 
 def test_a_run_sent_holds_its_job_past_the_winners_lease_until_queued_ms(make_backend: Any) -> None:  # noqa: F811
@@ -334,3 +335,25 @@ def test_runs_of_catch_up_go_through_the_overlap_policy(make_backend: Any) -> No
     assert [gap.after for gap in store.gaps()] == [10_000]
     assert a.claim([_claim(30_000, kind=GAP)], "a") == [Outcome.LOST]
     assert [item.verdict for item in store.overlapped()] == [SKIPPED]
+
+
+def test_a_dead_workers_hold_is_freed_at_once_on_sqlite(tmp_path: Any, prefix: str) -> None:
+    """SQLite: the worker's main process holds a file lock beside the database for its life; the
+    moment it is gone (the kernel releases the lock), its holds are freed, without waiting for
+    their lease (a minute here)."""
+    from anarchon_celery import SQLiteBackend
+
+    worker_side = SQLiteBackend(tmp_path / "a.db", prefix=prefix)
+    beat = SQLiteBackend(tmp_path / "a.db", prefix=prefix)
+    try:
+        assert worker_side.hold_worker("w1@h")
+        assert not SQLiteBackend(tmp_path / "a.db", prefix=prefix).hold_worker("w1@h")  # a second one so named
+        assert beat.claim([_claim(10_000)], "a") == [Outcome.WON]
+        assert worker_side.start_run("j", 10_000, 1, False, run="r1", worker="w1@h", lease_ms=60_000).holds
+        assert beat.claim([_claim(20_000)], "a") == [Outcome.LOST]  # w1 lives: the job is busy
+        worker_side.release_worker()  # as its process ending does
+        assert beat.claim([_claim(30_000)], "a") == [Outcome.WON]
+        assert beat.freed() == [("j", Freed(10_000, "r1", "w1@h", True))]
+    finally:
+        worker_side.close()
+        beat.close()

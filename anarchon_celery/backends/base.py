@@ -294,11 +294,23 @@ class LeaseStore(abc.ABC):
         ``lease_ms``). Raises the store's errors."""
 
     @abc.abstractmethod
-    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
         """The heartbeat of ``worker`` for the runs ``(job, slot)`` it has: each one that holds
-        its job gets ``lease_ms`` more (True); False when the job is no longer held by it (its
-        lease ran out, and the job went on without it); None for a job not protected. One atomic
-        step per call. Raises the store's errors."""
+        its job gets ``lease_ms`` more (``renewed``; ``late`` when its hold had run out, nobody
+        having taken the job meanwhile); ``lost`` when the job is no longer held by it (its hold
+        ran out, and the job went on without it); None for a job not protected. One atomic step
+        per call. Raises the store's errors."""
+
+    def hold_worker(self, worker: str) -> bool:
+        """Called once by the process that renews ``worker``'s holds (its heartbeat), for its
+        life: a store that can tell at once when that process is gone (SQLite: a file lock the
+        kernel releases) frees its holds then, without waiting for their lease. True when it can.
+        The default cannot."""
+        return False
+
+    def release_worker(self) -> None:
+        """The end of :meth:`hold_worker` (a clean stop: its holds were ended one by one)."""
+        return None
 
     @abc.abstractmethod
     def end_busy(self, job: str, slot: int, worker: str) -> bool:

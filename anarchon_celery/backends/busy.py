@@ -24,7 +24,7 @@ run, it never starts beside another run of its job.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -36,6 +36,7 @@ __all__ = [
     "POLICIES",
     "SKIP",
     "Freed",
+    "Gone",
     "JobBusy",
     "admit",
     "end",
@@ -54,6 +55,8 @@ POLICIES = (ALLOW, SKIP, BUFFER_ONE, BUFFER_ALL)
 BUFFER_ALL_CAP = 1000
 QUEUED, RUNNING = "queued", "running"
 
+#: What a worker's renewal found (:func:`renew`).
+RENEWED, LATE, LOST = "renewed", "late", "lost"
 #: What becomes of a run (:func:`admit`, :func:`start`).
 SEND, RUN, SKIPPED, PENDING, DROPPED, WAIT = "send", "run", "skipped", "pending", "dropped", "wait"
 
@@ -125,8 +128,19 @@ class Freed(NamedTuple):
     abandoned: bool
 
 
-def _expire(busy: JobBusy, now_ms: int) -> Freed | None:
-    if busy.slot is None or busy.until_ms > now_ms:
+#: Whether a worker is known to be gone (its process ended), by its name: a store that can tell
+#: (SQLite: a file lock the worker holds) frees its holds at once, without waiting for its lease.
+Gone = Callable[[str], bool]
+
+
+def _never(worker: str) -> bool:
+    return False
+
+
+def _expire(busy: JobBusy, now_ms: int, gone: Gone = _never) -> Freed | None:
+    if busy.slot is None:
+        return None
+    if busy.until_ms > now_ms and not (busy.state == RUNNING and busy.worker and gone(busy.worker)):
         return None
     freed = Freed(busy.slot, busy.run, busy.worker, busy.state == RUNNING)
     busy._free()
@@ -147,12 +161,14 @@ def _keep_pending(busy: JobBusy, slot: int) -> str:
     return PENDING
 
 
-def admit(busy: JobBusy, slot: int, policy: str, now_ms: int, hold_ms: int, queued_ms: int) -> tuple[str, Freed | None]:
+def admit(
+    busy: JobBusy, slot: int, policy: str, now_ms: int, hold_ms: int, queued_ms: int, gone: Gone = _never
+) -> tuple[str, Freed | None]:
     """A run just won (in the claim step) of a job under ``policy``: :data:`SEND` (the job now
     holds it, for the winner's lease ``hold_ms``), :data:`SKIPPED`, :data:`PENDING` or
     :data:`DROPPED` (past the cap of ``buffer_all``); and the run whose hold ran out, if any."""
     busy.policy, busy.queued_ms = policy, queued_ms
-    freed = _expire(busy, now_ms)
+    freed = _expire(busy, now_ms, gone)
     if policy == ALLOW or busy.slot == slot:
         return SEND, freed
     if policy == SKIP:
@@ -186,6 +202,7 @@ def start(
     lease_ms: int,
     *,
     has_record: bool,
+    gone: Gone = _never,
 ) -> tuple[str, Freed | None]:
     """May a worker start the run at ``slot`` (the worker's start check)? :data:`RUN` (the job
     is held by ``worker`` for ``lease_ms``); :data:`WAIT` while another worker holds this very
@@ -195,7 +212,7 @@ def start(
     With the run whose hold ran out, if any."""
     if busy is None or busy.policy == ALLOW:
         return RUN, None
-    freed = _expire(busy, now_ms)
+    freed = _expire(busy, now_ms, gone)
     if freed is not None and freed.slot == slot:
         freed = None  # (its own hold: the run goes on here)
     if busy.slot == slot and busy.state == RUNNING and busy.worker != worker:
@@ -209,17 +226,19 @@ def start(
     return (SKIPPED if verdict == DROPPED else verdict), freed
 
 
-def renew(busy: JobBusy | None, slot: int, worker: str, now_ms: int, lease_ms: int) -> bool | None:
-    """A worker's heartbeat for a run it has (running, or waiting to be retried): True when the
-    run's hold was renewed (by ``worker`` from now on: a retry may run on another worker), False
-    when the job is no longer held by the run (its lease ran out and the job went on), None when
-    the job is not protected."""
+def renew(busy: JobBusy | None, slot: int, worker: str, now_ms: int, lease_ms: int) -> str | None:
+    """A worker's heartbeat for a run it has (running, or waiting to be retried): :data:`RENEWED`
+    (by ``worker`` from now on: a retry may run on another worker); :data:`LATE` when its hold had
+    run out before this renewal but nobody took the job meanwhile (renewed all the same: the
+    worker stalled, its protection lapsed for a while); :data:`LOST` when the job is no longer
+    held by the run (its hold ran out and the job went on); None when the job is not protected."""
     if busy is None or busy.policy == ALLOW:
         return None
     if busy.slot != slot or busy.state != RUNNING:
-        return False
+        return LOST
+    late = busy.until_ms <= now_ms
     busy.until_ms, busy.worker = now_ms + lease_ms, worker
-    return True
+    return LATE if late else RENEWED
 
 
 def end(busy: JobBusy | None, slot: int, worker: str) -> bool:
@@ -233,12 +252,14 @@ def end(busy: JobBusy | None, slot: int, worker: str) -> bool:
     return True
 
 
-def next_pending(busy: JobBusy | None, now_ms: int, hold_ms: int) -> tuple[int | None, Freed | None]:
+def next_pending(
+    busy: JobBusy | None, now_ms: int, hold_ms: int, gone: Gone = _never
+) -> tuple[int | None, Freed | None]:
     """The oldest pending run of a free job, which now holds the job (for the lease ``hold_ms``
     of the instance that sends it); None while the job is busy or nothing is pending."""
     if busy is None:
         return None, None
-    freed = _expire(busy, now_ms)
+    freed = _expire(busy, now_ms, gone)
     if busy.slot is not None or not busy.pending:
         return None, freed
     slot = busy.pending[0]
@@ -259,6 +280,7 @@ def admit_wins(
     states: dict[str, JobBusy],
     now_ms: int,
     hold_ms: int,
+    gone: Gone = _never,
 ) -> tuple[dict[int, str], list[tuple[str, Freed]]]:
     """:func:`admit` for the claims won (``won``: indexes into ``claims``, each ``(job, slot,
     policy, queued_ms)``), in job and slot order. ``states`` (job: its state) gains a state for
@@ -275,9 +297,9 @@ def admit_wins(
             continue
         if busy is None:
             busy = states[job] = JobBusy(policy=policy)
-        verdict, gone = admit(busy, slot, policy, now_ms, hold_ms, queued_ms)
-        if gone is not None:
-            freed.append((job, gone))
+        verdict, ended = admit(busy, slot, policy, now_ms, hold_ms, queued_ms, gone)
+        if ended is not None:
+            freed.append((job, ended))
         if verdict != SEND:
             verdicts[i] = verdict
     return verdicts, freed

@@ -47,11 +47,11 @@ class RedisOverlap:
         found = freed_of(freed) if freed else None
         return Start(verdict, overlap.decode(), int(left), found[1] if found else None, bool(holds))
 
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
         args: list[Any] = [self.prefix, worker, lease_ms]
         for job, slot in runs:
             args += [job, str(slot)]
-        return [None if answer < 0 else bool(answer) for answer in self._renew_script(args=args)]
+        return [answer.decode() or None for answer in self._renew_script(args=args)]
 
     def _end_busy(self, job: str, slot: int, worker: str) -> bool:
         return bool(self._end_script(args=[self.prefix, job, str(slot), worker]))

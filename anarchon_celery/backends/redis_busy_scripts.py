@@ -157,8 +157,9 @@ return {allowed, '', 0, freed[1] or '', holds}
 """
 )
 
-# ARGV: prefix, worker, lease_ms, then job and slot for each run. Per run: 1 (renewed), 0 (the
-# job is not held by it any more) or -1 (the job is not protected).
+# ARGV: prefix, worker, lease_ms, then job and slot for each run. Per run: "renewed", "late" (its
+# hold had run out, nobody having taken the job: renewed), "lost" (the job is not held by it any
+# more) or "" (the job is not protected).
 RENEW = (
     TIME
     + """
@@ -171,13 +172,13 @@ for i = 4, #ARGV, 2 do
   local job, slot = ARGV[i], tonumber(ARGV[i + 1])
   local b = busy_get(job)
   if not b or b.p == 'allow' then
-    out[#out + 1] = -1
+    out[#out + 1] = ''
   elseif b.s ~= slot or b.st ~= 'running' then
-    out[#out + 1] = 0
+    out[#out + 1] = 'lost'
   else
+    if b.u <= now then out[#out + 1] = 'late' else out[#out + 1] = 'renewed' end
     b.u, b.w = now + lease, worker
     busy_put(job, b)
-    out[#out + 1] = 1
   end
 end
 return out

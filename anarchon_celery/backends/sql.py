@@ -138,7 +138,7 @@ class SqlBackend(StoreBackend):
         if not any(claims[i].overlap not in ("", busy.ALLOW) or claims[i].job in states for i in won):
             return {}
         verdicts, freed = busy.admit_wins(
-            [(c.job, c.slot, c.overlap, c.queued_ms) for c in claims], won, states, now, self.lease_ms
+            [(c.job, c.slot, c.overlap, c.queued_ms) for c in claims], won, states, now, self.lease_ms, self._gone
         )
         self._freed += freed
         return verdicts
@@ -152,7 +152,9 @@ class SqlBackend(StoreBackend):
                 return Start(False)
             state = states.get(job)
             now = self._locked_now(db)
-            verdict, freed = busy.start(state, slot, run, worker, now, lease_ms, has_record=record is not None)
+            verdict, freed = busy.start(
+                state, slot, run, worker, now, lease_ms, has_record=record is not None, gone=self._gone
+            )
             if state is not None:
                 self._write_busy(db, {job: state})
             if verdict != busy.RUN:
@@ -163,7 +165,11 @@ class SqlBackend(StoreBackend):
         holds = state is not None and state.policy != busy.ALLOW
         return Start(allowed, "", 0, freed, holds)
 
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+    def _gone(self, worker: str) -> bool:
+        """Whether ``worker`` is known to be gone (see :data:`.busy.Gone`); by default, never."""
+        return False
+
+    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
         with self._rows() as db:
             states = self._busy_states(db, [job for job, _ in runs])
             if not states:
@@ -190,9 +196,9 @@ class SqlBackend(StoreBackend):
             taken: list[tuple[str, int, int]] = []
             freed: list[tuple[str, Freed]] = []
             for job, state in sorted(states.items()):
-                slot, gone = busy.next_pending(state, now, self.lease_ms)
-                if gone is not None:
-                    freed.append((job, gone))
+                slot, ended = busy.next_pending(state, now, self.lease_ms, self._gone)
+                if ended is not None:
+                    freed.append((job, ended))
                 if slot is None:
                     continue
                 token = db.execute(

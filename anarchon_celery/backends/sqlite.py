@@ -15,10 +15,13 @@ History events, and the instances' job definitions (see :mod:`.peers`), are rows
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
+import re
 import sqlite3
 import threading
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -179,6 +182,7 @@ class SQLiteBackend(SqlBackend):
         self._db: sqlite3.Connection | None = None
         self._pid = 0
         self._heard_handback: int | None = None
+        self._worker_lock: int | None = None  # the file lock of hold_worker()
 
     @classmethod
     def location_of(cls, url: str) -> str:
@@ -315,6 +319,56 @@ class SQLiteBackend(SqlBackend):
             if states:
                 self._write_busy(db, states)
             return self._arm(db, claims, results, now, records, gaps, verdicts)
+
+    # -- workers' liveness (overlap protection) ---------------------------------------------------
+
+    def _worker_file(self, worker: str) -> str:
+        return os.path.join(f"{self.path}.workers", re.sub(r"[^A-Za-z0-9_.@-]", "_", f"{self.prefix}{worker}"))
+
+    def hold_worker(self, worker: str) -> bool:
+        """Lock a file named after ``worker`` beside the database for this process's life: the
+        kernel releases it the moment the process is gone, however it died, and the instances
+        of this host, which share the database, see it (:meth:`_gone`)."""
+        path = self._worker_file(worker)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        for _ in range(100):  # (a look by another process holds it for a moment)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.01)
+        else:
+            os.close(fd)
+            logger.warning(
+                "anarchon: another live worker on this host is named %r: this one's holds on busy jobs are freed "
+                "by their lease only if it dies. Give each worker its own name (celery worker -n)",
+                worker,
+            )
+            return False
+        self.release_worker()
+        self._worker_lock = fd
+        return True
+
+    def release_worker(self) -> None:
+        fd, self._worker_lock = self._worker_lock, None
+        if fd is not None:
+            os.close(fd)
+
+    def _gone(self, worker: str) -> bool:
+        """Whether the process that held ``worker``'s file lock is gone (the lock is free); False
+        when it never took one (a worker of an earlier release, or not started yet)."""
+        try:
+            fd = os.open(self._worker_file(worker), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # (releases the lock, if taken)
+        return True
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:
         """A row per run, which the other instances read at their next wake-up (and forgotten an

@@ -139,7 +139,7 @@ class StoreBackend(Backend, LeaseStore, JobState):
         protected from overlap), in one atomic step: a run refused by either is not marked."""
 
     @abc.abstractmethod
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
         """:func:`.busy.renew` for each run, in one atomic step."""
 
     @abc.abstractmethod
@@ -300,7 +300,7 @@ class StoreBackend(Backend, LeaseStore, JobState):
     ) -> Start:
         return self._start(job, slot, token, redelivered, run, worker, lease_ms or DEFAULT_BUSY_LEASE_MS)
 
-    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[bool | None]:
+    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
         return self._renew_busy(runs, worker, lease_ms) if runs else []
 
     def end_busy(self, job: str, slot: int, worker: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
+from ..backends.busy import LATE, LOST
 from ..task_run import run_headers_of
 from . import start_check
 
@@ -82,12 +83,27 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="anarchon-heartbeat", daemon=True)
 
     def start(self) -> None:
+        store = self.backend.lease_store
+        try:
+            fast = store is not None and store.hold_worker(self.worker)
+        except Exception as exc:  # noqa: BLE001 - its holds are freed by their lease then
+            logger.warning("anarchon: %s cannot tell when this worker is gone (%r)", self.backend.describe(), exc)
+            fast = False
+        logger.info(
+            "anarchon: holds of running tasks renewed every %.1fs as %s; %s",
+            self.lease_ms / 3000,
+            self.worker,
+            "freed at once if this worker dies" if fast else "freed by their lease if this worker dies",
+        )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2.0)
         if not self._thread.is_alive():
+            store = self.backend.lease_store
+            if store is not None:
+                store.release_worker()
             self.backend.close()
 
     def _runs(self) -> list[tuple[str, int]]:
@@ -112,15 +128,20 @@ class Heartbeat:
         renewed = store.renew_busy(runs, self.worker, self.lease_ms)
         self.renewals += 1
         for run, answer in zip(runs, renewed):
-            if answer is False and run not in self._lost:
-                self._lost.add(run)
+            if answer == LATE or (answer == LOST and run not in self._lost):
+                if answer == LOST:
+                    self._lost.add(run)
                 logger.warning(
-                    "anarchon: job %r slot %d: its hold on the job was gone when renewed (it ran out: this "
-                    "worker did not renew it within anarchon_overlap_lease_ms, %d ms); another run of the job "
-                    "may start beside it",
+                    "anarchon: job %r slot %d: its hold on the job %s when renewed: this worker did not renew "
+                    "it within anarchon_overlap_lease_ms (%d ms; a task holding the GIL in C code stalls the "
+                    "heartbeat of the solo and threads pools)%s",
                     run[0],
                     run[1],
+                    "had run out" if answer == LATE else "was gone",
                     self.lease_ms,
+                    ": renewed, nobody took the job meanwhile"
+                    if answer == LATE
+                    else "; the job went on, and another run of it may be running beside this one",
                 )
         self._lost &= set(runs)
 

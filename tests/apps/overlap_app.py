@@ -41,5 +41,8 @@ def slow(self) -> None:
     run = anarchon_celery.scheduled_run(self.request)
     slot = run.slot_ms if run else None
     _log(slot=slot, event="start", t=time.time(), pid=os.getpid(), trigger=run.trigger if run else None)
-    time.sleep(float(os.environ.get("OVERLAP_APP_SLEEP", "2.5")))
+    if os.environ.get("OVERLAP_APP_GIL"):  # one C call that holds the GIL throughout (no sleep)
+        sum(range(int(os.environ["OVERLAP_APP_GIL"])))
+    else:
+        time.sleep(float(os.environ.get("OVERLAP_APP_SLEEP", "2.5")))
     _log(slot=slot, event="end", t=time.time(), pid=os.getpid())
