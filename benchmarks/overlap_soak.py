@@ -53,6 +53,7 @@ class Fleet:
         self.env, self.folder, self.unique = env, folder, unique
         self.procs: dict[str, Any] = {}
         self.killed: dict[int, float] = {}  # pool process pid -> when its worker was killed
+        self.kills = 0
         self._count = 0
 
     def start(self, name: str, args: list[str]) -> Any:
@@ -72,6 +73,7 @@ class Fleet:
     def kill(self, name: str) -> None:
         """SIGKILL a worker whole, noting when for each of its processes."""
         proc = self.procs.pop(name)
+        self.kills += 1
         children = _children(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -205,7 +207,7 @@ def run_line(impl: str, args: argparse.Namespace) -> dict[str, Any]:
         "executions": sum(len(runs) for runs in found.values()),
         "overlapping": sum(overlapping(runs) for runs in found.values()),
         "longest wedge s": max((longest_wedge(runs, 1.0, backlog) for runs in found.values()), default=0.0),
-        "workers killed": len({at for at in fleet.killed.values()}),
+        "workers killed": fleet.kills,
     }
     if not args.keep_logs:
         remove_dir(folder)

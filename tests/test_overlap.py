@@ -86,6 +86,9 @@ def test_a_run_sent_holds_its_job_until_queued_ms_then_a_worker_holds_it_until_i
     assert rules.end(state, 10, "w1") is True
     assert state.slot is None
     assert rules.renew(state, 10, "w1", NOW + 20_000, 30_000) == rules.LOST  # ended: nothing to renew
+    queued = JobBusy(policy="skip")
+    rules.admit(queued, 20, "skip", NOW, LEASE, QUEUED)
+    assert rules.renew(queued, 20, "w1", NOW, 30_000) is None  # prefetched, not started: nothing to renew
 
 
 def test_a_worker_that_stops_renewing_frees_the_job_and_its_run_is_abandoned() -> None:
@@ -238,6 +241,7 @@ def test_a_store_sends_no_run_of_a_busy_job_under_skip(make_backend: Any) -> Non
     assert b.claim([_claim(30_000)], "b") == [Outcome.LOST]
     assert [item.verdict for item in store_b.overlapped()] == [SKIPPED]
     assert store_b.renew_busy([("j", 10_000), ("j", 30_000), ("other", 5)], "w1", 30_000) == ["renewed", "lost", None]
+    assert store_b.renew_busy([("j", 30_000)], "w1", 30_000) == ["lost"]
     assert store_b.end_busy("j", 10_000, "w1") is True
     assert b.claim([_claim(40_000)], "b") == [Outcome.WON]
     assert store_b.overlapped() == []
@@ -306,6 +310,7 @@ def test_runs_kept_pending_are_sent_oldest_first_by_whoever_finds_the_job_free(
     assert store_a.start_run("j", 10_000, 1, False, run="r1", worker="w1", lease_ms=30_000).holds
     assert store_a.end_busy("j", 10_000, "w1")
     assert store_b.next_pending(["j"], "b", {"j": 10**15}) == [("j", 20_000, 2)]  # its token: one more
+    assert store_a.renew_busy([("j", 20_000)], "w1", 30_000) == [None]  # queued: nothing to renew yet
     assert store_a.next_pending(["j"], "a", {"j": 10**15}) == []  # 20_000 holds the job now
     assert store_b.mark_sent([("j", 20_000, 2)], "b") == [True]
     assert store_a.start_run("j", 20_000, 1, False, run="r2", worker="w1", lease_ms=30_000).allowed is False

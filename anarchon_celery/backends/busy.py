@@ -231,10 +231,11 @@ def renew(busy: JobBusy | None, slot: int, worker: str, now_ms: int, lease_ms: i
     (by ``worker`` from now on: a retry may run on another worker); :data:`LATE` when its hold had
     run out before this renewal but nobody took the job meanwhile (renewed all the same: the
     worker stalled, its protection lapsed for a while); :data:`LOST` when the job is no longer
-    held by the run (its hold ran out and the job went on); None when the job is not protected."""
-    if busy is None or busy.policy == ALLOW:
-        return None
-    if busy.slot != slot or busy.state != RUNNING:
+    held by the run (its hold ran out and the job went on); None when the job is not protected, or
+    the run holds it as queued (not started)."""
+    if busy is None or busy.policy == ALLOW or (busy.slot == slot and busy.state == QUEUED):
+        return None  # (not protected; or not started: its queued hold lasts as it is)
+    if busy.slot != slot:
         return LOST
     late = busy.until_ms <= now_ms
     busy.until_ms, busy.worker = now_ms + lease_ms, worker

@@ -194,6 +194,7 @@ class PostgresBackend(SqlBackend):
             cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in rows}
             keys = {job: key or "" for job, _, key, _ in rows}
             states = {job: state for job, *_, text in rows if (state := JobBusy.decode(text)) is not None}
+            read = {job: state.encode() for job, state in states.items()}
             keys_before = dict(keys)
             # The clock read once the locks are held (now() is the transaction's start, which may
             # be as long ago as the wait for another instance's lock).
@@ -243,7 +244,7 @@ class PostgresBackend(SqlBackend):
                     ),
                 )
             if states:
-                self._write_busy(_Placeholders(db, self._sql), states)
+                self._write_busy(_Placeholders(db, self._sql), states, read)
             return self._arm(db, claims, results, now, records, gaps, verdicts)
 
     def _tell_handed_back(self, db: Any, runs: list[tuple[str, int]], now: int) -> None:

@@ -159,7 +159,7 @@ return {allowed, '', 0, freed[1] or '', holds}
 
 # ARGV: prefix, worker, lease_ms, then job and slot for each run. Per run: "renewed", "late" (its
 # hold had run out, nobody having taken the job: renewed), "lost" (the job is not held by it any
-# more) or "" (the job is not protected).
+# more) or "" (the job is not protected, or the run holds it as queued: not started).
 RENEW = (
     TIME
     + """
@@ -171,9 +171,9 @@ local out = {}
 for i = 4, #ARGV, 2 do
   local job, slot = ARGV[i], tonumber(ARGV[i + 1])
   local b = busy_get(job)
-  if not b or b.p == 'allow' then
+  if not b or b.p == 'allow' or (b.s == slot and b.st == 'queued') then
     out[#out + 1] = ''
-  elseif b.s ~= slot or b.st ~= 'running' then
+  elseif b.s ~= slot then
     out[#out + 1] = 'lost'
   else
     if b.u <= now then out[#out + 1] = 'late' else out[#out + 1] = 'renewed' end

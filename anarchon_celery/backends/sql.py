@@ -121,12 +121,18 @@ class SqlBackend(StoreBackend):
         ).fetchall()
         return {job: state for job, text in rows if (state := JobBusy.decode(text)) is not None}
 
-    def _write_busy(self, db: Any, states: Mapping[str, JobBusy]) -> None:
-        """Write the overlap states of jobs (a row made for a job that has none yet)."""
+    def _write_busy(self, db: Any, states: Mapping[str, JobBusy], read: Mapping[str, str] | None = None) -> None:
+        """Write the overlap states of jobs (a row made for a job that has none yet); with
+        ``read`` (job: the state as read, encoded), only those that changed."""
+        rows = []
+        for job, state in sorted(states.items()):
+            text = state.encode()
+            if read is None or read.get(job) != text:
+                rows.append((self.prefix, job, text))
         db.executemany(
             "INSERT INTO anarchon_jobs (prefix, job, cursor, busy) VALUES (?, ?, -1, ?) "
             "ON CONFLICT (prefix, job) DO UPDATE SET busy = excluded.busy",
-            [(self.prefix, job, state.encode()) for job, state in sorted(states.items())],
+            rows,
         )
 
     def _admit(

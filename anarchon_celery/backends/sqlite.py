@@ -281,6 +281,7 @@ class SQLiteBackend(SqlBackend):
             cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in found}
             keys = {job: key or "" for job, _, key, _ in found}
             states = {job: state for job, *_, text in found if (state := JobBusy.decode(text)) is not None}
+            read = {job: state.encode() for job, state in states.items()}
             before = dict(cursors), dict(keys)
             records = self._records(db, [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
@@ -317,7 +318,7 @@ class SQLiteBackend(SqlBackend):
                 ],
             )
             if states:
-                self._write_busy(db, states)
+                self._write_busy(db, states, read)
             return self._arm(db, claims, results, now, records, gaps, verdicts)
 
     # -- workers' liveness (overlap protection) ---------------------------------------------------

@@ -107,17 +107,20 @@ class Heartbeat:
             self.backend.close()
 
     def _runs(self) -> list[tuple[str, int]]:
+        """The protected runs this worker has started: running, or waiting to be retried (a retry
+        is a message of its own, held until its ETA); not those it only prefetched."""
         from celery.worker import state
 
         for _ in range(3):
             try:
-                requests = list(state.requests.values())
+                active, known = list(state.active_requests), list(state.requests.values())
                 break
             except RuntimeError:  # (changed while copied, by the consumer's thread)
                 continue
         else:
             return []
-        return sorted({run for request in requests if (run := protected(request)) is not None})
+        retrying = [r for r in known if (getattr(r, "request_dict", None) or {}).get("retries")]
+        return sorted({run for request in active + retrying if (run := protected(request)) is not None})
 
     def beat(self) -> None:
         """Renew the holds of this process's runs now, once."""
