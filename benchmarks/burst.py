@@ -14,8 +14,9 @@ task queue (not by a worker) from the slot to the arrival of the last task, take
 * ``sqlite``, ``redis``, ``postgres`` (with ``--only ...,sqlite,redis,postgres``): the
   ``--instances`` beats deciding their runs in one SQLite file, in the local Redis
   (``BENCH_REDIS``) or PostgreSQL (``BENCH_POSTGRES``), instead of RabbitMQ; the tasks still on
-  RabbitMQ. With ``--catch-up latest``, each store is measured again with that catch-up policy
-  on every job, beside it without (what a policy costs the claims).
+  RabbitMQ. With ``--catch-up latest`` (or ``--overlap skip``), each store is measured again with
+  that catch-up (or overlap) policy on every job, beside it without (what a policy costs the
+  claims).
 
 It checks that every job ran once (no duplicate, none missing), and prints the ratios of each
 round's measurements and their median.
@@ -199,7 +200,12 @@ def delete_redis_keys(prefix: str) -> None:
 
 
 def scheduler_run(
-    impl: str, instances: int, args: argparse.Namespace, backend: str = "rabbitmq", catch_up: str = ""
+    impl: str,
+    instances: int,
+    args: argparse.Namespace,
+    backend: str = "rabbitmq",
+    catch_up: str = "",
+    overlap: str = "",
 ) -> dict[str, Any]:
     prefix = f"bench-burst-{impl}-{uuid.uuid4().hex[:6]}."
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-burst-"))
@@ -211,6 +217,7 @@ def scheduler_run(
             backend, ""
         ),
         BURST_CATCH_UP=catch_up,
+        BURST_OVERLAP=overlap,
     )
     tally = started_tally(f"{prefix}tasks")
     procs = []
@@ -240,6 +247,8 @@ def scheduler_run(
         name += f" on {STORES[backend]}"
     if catch_up:
         name += f", catch_up {catch_up}"
+    if overlap:
+        name += f", overlap {overlap}"
     if not args.keep_logs:
         remove_dir(tmp)
     return {"scheduler": name, **result, "startup s": round(startup_s, 1)}
@@ -275,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="POLICY",
         help="also run each store with anarchon_catch_up = POLICY (latest or all), beside it without",
     )
+    parser.add_argument(
+        "--overlap",
+        default="",
+        metavar="POLICY",
+        help="also run each store with anarchon_overlap = POLICY (skip, buffer_one, buffer_all), beside it without",
+    )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     os.environ["BURST_LEAD_MS"] = str(args.lead_ms)
@@ -286,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "plain beat / anarchon": [],
         **{f"anarchon on {label} / anarchon": [] for label in STORES.values()},
         **{f"on {label} with catch_up / without": [] for label in STORES.values()},
+        **{f"on {label} with overlap / without": [] for label in STORES.values()},
     }
     for round_ in range(1, args.rounds + 1):
         by_name: dict[str, dict[str, Any]] = {}
@@ -302,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
                     by_name[f"{store}+"] = scheduler_run(
                         "anarchon", args.instances, args, backend=store, catch_up=args.catch_up
                     )
+                if args.overlap:
+                    by_name[f"{store}o"] = scheduler_run(
+                        "anarchon", args.instances, args, backend=store, overlap=args.overlap
+                    )
         rows += [{"round": round_, **row} for row in by_name.values()]
         last = {name: row["last s"] for name, row in by_name.items() if row["last s"]}
         if "ours" in last and "floor" in last:
@@ -313,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[f"anarchon on {label} / anarchon"].append(last[store] / last["ours"])
             if store in last and f"{store}+" in last:
                 ratios[f"on {label} with catch_up / without"].append(last[f"{store}+"] / last[store])
+            if store in last and f"{store}o" in last:
+                ratios[f"on {label} with overlap / without"].append(last[f"{store}o"] / last[store])
     summary: dict[str, Any] = {}
     for name, values in ratios.items():
         if values:
@@ -324,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         **{f"anarchon_celery on {label}": _on(label) for label in STORES.values()},
         **{
             f"anarchon_celery on {label} with catch_up": _on(f"{label}, catch_up {args.catch_up}")
+            for label in STORES.values()
+        },
+        **{
+            f"anarchon_celery on {label} with overlap": _on(f"{label}, overlap {args.overlap}")
             for label in STORES.values()
         },
         "plain": lambda n: n.startswith("plain"),

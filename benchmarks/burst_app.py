@@ -31,6 +31,8 @@ if IMPL == "anarchon":
         app.conf.anarchon_backend = os.environ["BURST_BACKEND"]
     if os.environ.get("BURST_CATCH_UP"):  # a catch-up policy on every job (a store's claims carry its key)
         app.conf.anarchon_catch_up = os.environ["BURST_CATCH_UP"]
+    if os.environ.get("BURST_OVERLAP"):  # an overlap policy on every job (each win admitted by its job's state)
+        app.conf.anarchon_overlap = os.environ["BURST_OVERLAP"]
 else:  # plain celery beat: the same runs as crontab entries
     minute, hour, day, month, weekday = CRON.split()
     every = crontab(minute=minute, hour=hour, day_of_month=day, month_of_year=month, day_of_week=weekday)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from burst import POSTGRES, REDIS, delete_postgres_rows, delete_redis_keys
-from common import BROKER, bench_env, delete_prefixed, remove_dir, report, start_celery, stop, wait_for_line
+from common import BROKER, bench_env, delete_prefixed, report, start_celery, stop, wait_for_line
 
 IMPLS = ("anarchon-sqlite", "anarchon-redis", "anarchon-postgres", "once", "singleton", "plain")
 
@@ -210,7 +211,7 @@ def run_line(impl: str, args: argparse.Namespace) -> dict[str, Any]:
         "workers killed": fleet.kills,
     }
     if not args.keep_logs:
-        remove_dir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
     else:
         row["logs"] = str(folder)
     return row

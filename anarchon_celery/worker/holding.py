@@ -51,6 +51,9 @@ def end(app: Any, request: Any, worker: str) -> None:
     """Tell the store that the run of ``request`` ended (``worker`` "" when told by a process that
     did not start it); never raises (the hold runs out by itself)."""
     run = protected(request)
+    if run is None and getattr(request, start_check.HOLDS, False):  # a message sent before its job was protected
+        found_run = run_headers_of(request)
+        run = (str(found_run["job"]), int(found_run["slot"])) if found_run is not None else None
     found = start_check.store_of(app) if run is not None else None
     if run is None or found is None:
         return
