@@ -151,10 +151,12 @@ class Run:
 def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
     """Fold one event into what is known of its run."""
     kind = event["event"]
-    if _RANK[kind] >= run["rank"] and not (kind == "pending" and run["rank"] >= 0):
-        run["rank"], run["status"] = _RANK[kind], kind
+    rank = _rank(event)
+    leads = rank >= run["rank"]  # the run's status now, as far as the events so far tell
+    if leads and not (kind == "pending" and run["rank"] >= 0):
+        run["rank"], run["status"] = rank, kind
     if kind in ("sent", "unsent"):
-        run.update({k: event.get(k) for k in _SENT_FIELDS})
+        _apply_sent(run, event)
         if kind == "sent":
             run["sent_at_ms"] = event["at_ms"]
             run.setdefault("sent_by", {})[event.get("instance")] = event["at_ms"]
@@ -163,15 +165,14 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
     elif kind == "skipped":
         _apply_skipped(run, event)
     elif kind == "pending":  # won while its job was busy: sent once it is free
-        for key in ("slot", "instance"):  # (those of its sent event, if any, count)
-            run.setdefault(key, event.get(key))
+        _fill(run, event, ("slot", "instance"))
     elif kind == "running":
         if run.get("worker") is None:  # a final event's worker, if any, counts
             run["worker"] = event.get("worker")
         run["started_at_ms"] = event["at_ms"]
         if event.get("instance"):
             run["started_by"] = event["instance"]
-    else:
+    elif leads:  # a final event, unless a more telling one came (see _rank)
         if event.get("worker") is not None:
             run["worker"] = event["worker"]
         run["finished_at_ms"] = event["at_ms"]
@@ -180,14 +181,35 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
     run["first_ms"] = min(run.get("first_ms", event["at_ms"]), event["at_ms"])
 
 
+def _rank(event: Mapping[str, Any]) -> float:
+    """How advanced an event is. An ``abandoned`` written by whoever found a worker's hold run
+    out (``LeaseExpired``) ranks below the worker's own final events: a worker that only stalled
+    may still tell how its run ended."""
+    if event["event"] == "abandoned" and event.get("error_type") == "LeaseExpired":
+        return 1.5
+    return _RANK[event["event"]]
+
+
+def _apply_sent(run: dict[str, Any], event: Mapping[str, Any]) -> None:
+    for key in _SENT_FIELDS:  # (a field it lacks leaves the one known)
+        if event.get(key) is not None or key not in run:
+            run[key] = event.get(key)
+
+
+def _fill(run: dict[str, Any], event: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    """Set the fields of ``keys`` the run does not know yet (those of its sent event count)."""
+    for key in keys:
+        if run.get(key) is None:
+            run[key] = event.get(key)
+
+
 def _apply_skipped(run: dict[str, Any], event: Mapping[str, Any]) -> None:
     """Runs not sent (or not started), for a reason: missed ones (catch-up) stand for others."""
     reason = event.get("reason")
     if str(reason).startswith("catch_up"):  # runs missed: the newest of them, standing for the others
         run.update(trigger="catch_up")
         run["coalesced"] = event.get("count")
-    for key in ("slot", "instance", "worker"):  # (those of its sent event, if any, count)
-        run.setdefault(key, event.get(key))
+    _fill(run, event, ("slot", "instance", "worker"))
     run["reason"] = reason
     run["finished_at_ms"] = event["at_ms"]
 

@@ -4,6 +4,8 @@ the claim step, the worker's start check, its heartbeat, a run's end, the pendin
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -82,10 +84,12 @@ def test_a_run_sent_holds_its_job_until_queued_ms_then_a_worker_holds_it_until_i
     assert rules.renew(state, 10, "w1", NOW + 10_000, 30_000) == rules.RENEWED
     assert state.until_ms == NOW + 40_000
     assert rules.renew(state, 10, "w1", NOW + 40_000, 30_000) == rules.LATE  # it had run out: nobody took it
+    assert rules.renew(state, 10, "w2", NOW + 40_000, 30_000) == rules.LOST  # held by another process
     assert rules.end(state, 99, "w1") is False  # not its run
+    assert rules.end(state, 10, "") is False  # running: only its holder ends it
     assert rules.end(state, 10, "w1") is True
     assert state.slot is None
-    assert rules.renew(state, 10, "w1", NOW + 20_000, 30_000) == rules.LOST  # ended: nothing to renew
+    assert rules.renew(state, 10, "w1", NOW + 20_000, 30_000) is None  # ended: nothing to renew
     queued = JobBusy(policy="skip")
     rules.admit(queued, 20, "skip", NOW, LEASE, QUEUED)
     assert rules.renew(queued, 20, "w1", NOW, 30_000) is None  # prefetched, not started: nothing to renew
@@ -131,8 +135,12 @@ def test_pending_runs_go_oldest_first_once_the_job_is_free() -> None:
     assert rules.next_pending(state, NOW, LEASE) == (None, None)  # busy
     assert rules.end(state, 5, "") is True
     assert rules.next_pending(state, NOW, LEASE) == (7, None)
-    assert (state.slot, state.state, state.pending) == (7, rules.QUEUED, [9])
+    assert (state.slot, state.state, state.pending) == (7, rules.QUEUED, [7, 9])  # pending until sent
     assert rules.next_pending(state, NOW, LEASE) == (None, None)  # 7 holds it now
+    # Its sender died before sending it: once that hold runs out, 7 is taken again.
+    assert rules.next_pending(state, NOW + LEASE, LEASE) == (7, Freed(7, "", "", False))
+    rules.sent(state, 7, NOW + LEASE)
+    assert state.pending == [9]
     assert rules.next_pending(None, NOW, LEASE) == (None, None)
 
 
@@ -240,8 +248,9 @@ def test_a_store_sends_no_run_of_a_busy_job_under_skip(make_backend: Any) -> Non
     assert (start.allowed, start.overlap, start.holds) == (True, "", True)
     assert b.claim([_claim(30_000)], "b") == [Outcome.LOST]
     assert [item.verdict for item in store_b.overlapped()] == [SKIPPED]
-    assert store_b.renew_busy([("j", 10_000), ("j", 30_000), ("other", 5)], "w1", 30_000) == ["renewed", "lost", None]
-    assert store_b.renew_busy([("j", 30_000)], "w1", 30_000) == ["lost"]
+    runs = [("j", 10_000, "w1"), ("j", 30_000, "w1"), ("other", 5, "w1"), ("j", 10_000, "w2")]
+    assert store_b.renew_busy(runs, 30_000) == ["renewed", "lost", None, "lost"]
+    assert store_b.end_busy("j", 10_000, "w2") is False  # another process: the run goes on in w1
     assert store_b.end_busy("j", 10_000, "w1") is True
     assert b.claim([_claim(40_000)], "b") == [Outcome.WON]
     assert store_b.overlapped() == []
@@ -261,7 +270,11 @@ def test_the_workers_start_check_is_the_authority(make_backend: Any) -> None:  #
     # A takeover's second message of the same run, with a stale token: refused by its token.
     assert store.start_run("j", 10_000, 2, False, run="r1", worker="w2", lease_ms=30_000).allowed is False
     assert store.end_busy("j", 10_000, "w2") is False  # told by another worker than the one running it
-    assert store.end_busy("j", 10_000, "") is True  # told by the main process (revoked, process lost)
+    assert store.end_busy("j", 10_000, "") is False  # (revoked, expired: only a queued run)
+    assert store.end_busy("j", 10_000, "w#*") is False  # another node's
+    assert store.end_busy("j", 10_000, "w1#*") is False
+    assert store.start_run("j", 20_000, 0, False, run="r", worker="n#1.2", lease_ms=30_000).overlap == SKIPPED
+    assert store.end_busy("j", 10_000, "w1") is True
     assert store.start_run("j", 99_999, 0, False, run="manual", worker="w2", lease_ms=30_000).allowed is None
 
 
@@ -276,7 +289,7 @@ def test_a_worker_that_dies_frees_its_job_once_its_hold_runs_out(make_backend: A
     assert a.claim([_claim(30_000)], "a") == [Outcome.WON]
     assert store.freed() == [("j", Freed(10_000, "r1", "w1", True))]
     # Had w1 only stalled, its next renewal is told that its hold is gone.
-    assert store.renew_busy([("j", 10_000)], "w1", 300) == ["lost"]
+    assert store.renew_busy([("j", 10_000, "w1")], 300) == ["lost"]
 
 
 def test_a_run_sent_holds_its_job_past_the_winners_lease_until_queued_ms(make_backend: Any) -> None:  # noqa: F811
@@ -310,8 +323,8 @@ def test_runs_kept_pending_are_sent_oldest_first_by_whoever_finds_the_job_free(
     assert store_a.start_run("j", 10_000, 1, False, run="r1", worker="w1", lease_ms=30_000).holds
     assert store_a.end_busy("j", 10_000, "w1")
     assert store_b.next_pending(["j"], "b", {"j": 10**15}) == [("j", 20_000, 2)]  # its token: one more
-    assert store_a.renew_busy([("j", 20_000)], "w1", 30_000) == [None]  # queued: nothing to renew yet
-    assert store_a.next_pending(["j"], "a", {"j": 10**15}) == []  # 20_000 holds the job now
+    assert store_a.renew_busy([("j", 20_000, "w1")], 30_000) == [None]  # queued: nothing to renew yet
+    assert store_a.next_pending(["j"], "a", {"j": 10**15}) == []  # 20_000 holds the job now (pending until sent)
     assert store_b.mark_sent([("j", 20_000, 2)], "b") == [True]
     assert store_a.start_run("j", 20_000, 1, False, run="r2", worker="w1", lease_ms=30_000).allowed is False
     assert store_a.start_run("j", 20_000, 2, False, run="r2", worker="w1", lease_ms=30_000).allowed is True
@@ -351,14 +364,76 @@ def test_a_dead_workers_hold_is_freed_at_once_on_sqlite(tmp_path: Any, prefix: s
     worker_side = SQLiteBackend(tmp_path / "a.db", prefix=prefix)
     beat = SQLiteBackend(tmp_path / "a.db", prefix=prefix)
     try:
-        assert worker_side.hold_worker("w1@h")
-        assert not SQLiteBackend(tmp_path / "a.db", prefix=prefix).hold_worker("w1@h")  # a second one so named
-        assert beat.claim([_claim(10_000)], "a") == [Outcome.WON]
-        assert worker_side.start_run("j", 10_000, 1, False, run="r1", worker="w1@h", lease_ms=60_000).holds
-        assert beat.claim([_claim(20_000)], "a") == [Outcome.LOST]  # w1 lives: the job is busy
-        worker_side.release_worker()  # as its process ending does
-        assert beat.claim([_claim(30_000)], "a") == [Outcome.WON]
-        assert beat.freed() == [("j", Freed(10_000, "r1", "w1@h", True))]
+        # The worker: another process that holds its file lock, then is killed.
+        code = (
+            "import sys; from anarchon_celery import SQLiteBackend; "
+            f"b = SQLiteBackend({str(tmp_path / 'a.db')!r}, prefix={prefix!r}); "
+            "assert b.hold_worker('w1@h#100'); print('held', flush=True); sys.stdin.read()"
+        )
+        worker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert worker.stdout is not None and worker.stdout.readline() == b"held\n"
+            assert not worker_side.hold_worker("w1@h#100")  # (taken: by a live process)
+            assert beat.claim([_claim(10_000)], "a") == [Outcome.WON]
+            start = worker_side.start_run("j", 10_000, 1, False, run="r1", worker="w1@h#100.101", lease_ms=60_000)
+            assert start.holds
+            assert beat.claim([_claim(20_000)], "a") == [Outcome.LOST]  # w1 lives: the job is busy
+        finally:
+            worker.kill()
+            worker.wait()
+        assert beat.claim([_claim(30_000)], "a") == [Outcome.WON]  # at once, not after the minute's lease
+        assert beat.freed() == [("j", Freed(10_000, "r1", "w1@h#100.101", True))]
     finally:
         worker_side.close()
         beat.close()
+
+
+def test_check_names_the_jobs_protected_from_overlap(tmp_path: Any) -> None:
+    from anarchon_celery import SQLiteBackend
+
+    jobs = _sqlite_jobs(
+        tmp_path,
+        beat_schedule={
+            "a": {"task": "tasks.work", "schedule": 60.0, "overlap": "skip"},
+            "b": {"task": "tasks.work", "schedule": 60.0, "overlap": "buffer_one"},
+            "c": {"task": "tasks.work", "schedule": 60.0},
+        },
+    )
+    backend = SQLiteBackend(tmp_path / "o.db")
+    try:
+        backend.open()
+        detail = backend.report_claims(list(jobs.values())).detail
+        assert "overlap skip: a; overlap buffer_one: b" in detail
+        assert "every job may overlap itself" in backend.report_claims([jobs["c"]]).detail
+    finally:
+        backend.close()
+
+
+def test_a_retry_holds_its_job_as_queued_until_a_worker_starts_it(make_backend: Any) -> None:  # noqa: F811
+    a = _store(make_backend)
+    store = a.lease_store
+    assert store is not None
+    assert a.claim([_claim(10_000, queued_ms=60_000)], "a") == [Outcome.WON]
+    assert store.start_run("j", 10_000, 1, False, run="r1", worker="n#1.2", lease_ms=30_000).holds
+    assert store.end_busy("j", 10_000, "n#1.3", retrying=True) is False  # not its holder
+    assert store.end_busy("j", 10_000, "n#1.2", retrying=True) is True
+    assert store.renew_busy([("j", 10_000, "n#1.2")], 30_000) == [None]  # queued: waits for its retry
+    assert a.claim([_claim(20_000)], "a") == [Outcome.LOST]  # still busy
+    # The retry starts on another worker (no token: its run started already) and ends there.
+    assert store.start_run("j", 10_000, 0, False, run="r1", worker="m#5.6", lease_ms=30_000).holds
+    assert store.end_busy("j", 10_000, "m#5.6") is True
+    assert a.claim([_claim(30_000)], "a") == [Outcome.WON]
+
+
+def test_a_lease_expired_record_gives_way_to_the_workers_own_end() -> None:
+    from anarchon_celery.history import decode_event
+
+    abandoned = encode_event(
+        "abandoned", run="r", job="j", at_ms=9, worker="w#1.2", error_type="LeaseExpired", error="stopped renewing"
+    )
+    succeeded = encode_event("succeeded", run="r", job="j", at_ms=10, worker="w#1.2")
+    for order in ((abandoned, succeeded), (succeeded, abandoned)):
+        (run,) = fold([decode_event(e) for e in order])
+        assert (run.status, run.error_type) == ("succeeded", None)
+    (run,) = fold([decode_event(abandoned)])
+    assert (run.status, run.error_type) == ("abandoned", "LeaseExpired")

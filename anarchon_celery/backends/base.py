@@ -294,12 +294,13 @@ class LeaseStore(abc.ABC):
         ``lease_ms``). Raises the store's errors."""
 
     @abc.abstractmethod
-    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
-        """The heartbeat of ``worker`` for the runs ``(job, slot)`` it has: each one that holds
-        its job gets ``lease_ms`` more (``renewed``; ``late`` when its hold had run out, nobody
-        having taken the job meanwhile); ``lost`` when the job is no longer held by it (its hold
-        ran out, and the job went on without it); None for a job not protected. One atomic step
-        per call. Raises the store's errors."""
+    def renew_busy(self, runs: Sequence[tuple[str, int, str]], lease_ms: int) -> list[str | None]:
+        """A worker's heartbeat for the runs ``(job, slot, holder)`` its processes run (``holder``
+        names the process: ``node#main.pool``): each one that holds its job gets ``lease_ms``
+        more (``renewed``; ``late`` when its hold had run out, nobody having taken the job
+        meanwhile); ``lost`` when the job is held by another run, or by this run elsewhere; None
+        for a job not protected, free, or held by the run as queued. One atomic step per call.
+        Raises the store's errors."""
 
     def hold_worker(self, worker: str) -> bool:
         """Called once by the process that renews ``worker``'s holds (its heartbeat), for its
@@ -313,10 +314,12 @@ class LeaseStore(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def end_busy(self, job: str, slot: int, worker: str) -> bool:
-        """The run ``(job, slot)`` ended (succeeded, failed, revoked, its process lost): its job
-        is free, if the run held it. ``worker`` "" when told by a worker that did not start it.
-        Raises the store's errors."""
+    def end_busy(self, job: str, slot: int, holder: str, *, retrying: bool = False) -> bool:
+        """The run ``(job, slot)`` ended (succeeded, failed, revoked, its process lost): its job is
+        free, if the run held it. A run held as running is ended only by its ``holder``
+        (``node#*``: any process of that node); a queued one by anyone (``holder`` "": told by a
+        process that did not start it). ``retrying``: the run will be tried again, and holds its
+        job as a queued run does until a worker starts the retry. Raises the store's errors."""
 
     @abc.abstractmethod
     def next_pending(

@@ -41,6 +41,7 @@ __all__ = [
     "admit",
     "end",
     "held_by_lease",
+    "retrying",
     "run_state",
     "next_pending",
     "renew",
@@ -188,9 +189,12 @@ def held_by_lease(busy: JobBusy | None, slot: int, lease_end_ms: int) -> None:
 
 
 def sent(busy: JobBusy | None, slot: int, now_ms: int) -> None:
-    """A run's task was sent: it holds its job until a worker starts it, for ``queued_ms``."""
+    """A run's task was sent: it holds its job until a worker starts it, for ``queued_ms`` (and a
+    pending run sent is pending no more)."""
     if busy is not None and busy.slot == slot and busy.state == QUEUED:
         busy.until_ms = max(busy.until_ms, now_ms + busy.queued_ms)
+        if slot in busy.pending:
+            busy.pending.remove(slot)
 
 
 def start(
@@ -226,30 +230,50 @@ def start(
     return (SKIPPED if verdict == DROPPED else verdict), freed
 
 
-def renew(busy: JobBusy | None, slot: int, worker: str, now_ms: int, lease_ms: int) -> str | None:
-    """A worker's heartbeat for a run it has (running, or waiting to be retried): :data:`RENEWED`
-    (by ``worker`` from now on: a retry may run on another worker); :data:`LATE` when its hold had
-    run out before this renewal but nobody took the job meanwhile (renewed all the same: the
-    worker stalled, its protection lapsed for a while); :data:`LOST` when the job is no longer
-    held by the run (its hold ran out and the job went on); None when the job is not protected, or
-    the run holds it as queued (not started)."""
-    if busy is None or busy.policy == ALLOW or (busy.slot == slot and busy.state == QUEUED):
-        return None  # (not protected; or not started: its queued hold lasts as it is)
-    if busy.slot != slot:
+def renew(busy: JobBusy | None, slot: int, holder: str, now_ms: int, lease_ms: int) -> str | None:
+    """A worker's heartbeat for a run one of its processes runs (``holder``, see :func:`end`):
+    :data:`RENEWED`; :data:`LATE` when its hold had run out before this renewal but nobody took
+    the job meanwhile (renewed all the same: the worker stalled, its protection lapsed for a
+    while); :data:`LOST` when the job is held by another run, or by this run elsewhere (a message
+    of it delivered again); None when the job is not protected, free (the run ended), or held by
+    the run as queued (not started: its queued hold lasts as it is)."""
+    if busy is None or busy.policy == ALLOW or busy.slot is None or (busy.slot == slot and busy.state == QUEUED):
+        return None
+    if busy.slot != slot or busy.worker != holder:
         return LOST
     late = busy.until_ms <= now_ms
-    busy.until_ms, busy.worker = now_ms + lease_ms, worker
+    busy.until_ms = now_ms + lease_ms
     return LATE if late else RENEWED
 
 
-def end(busy: JobBusy | None, slot: int, worker: str) -> bool:
+def _holds(busy: JobBusy, holder: str) -> bool:
+    """Whether ``holder`` (``node#main.pool``, the pool process running the run) is the run's
+    holder; ``node#*`` stands for any process of that worker node (its main process telling of a
+    pool process that died, or of a task it terminated)."""
+    if holder.endswith("#*"):
+        return busy.worker.startswith(holder[:-1])
+    return busy.worker == holder
+
+
+def end(busy: JobBusy | None, slot: int, holder: str) -> bool:
     """The run at ``slot`` ended (succeeded, failed, revoked, its process lost): the job is free.
-    ``worker`` "" for an end told by a worker that did not start it (revoked before it ran)."""
+    A run held as running is ended only by its holder (``node#*`` for any process of its node);
+    a run queued, by anyone (``holder`` "": revoked, or expired, before it ran)."""
     if busy is None or busy.slot != slot:
         return False
-    if busy.state == RUNNING and worker and busy.worker != worker:
-        return False  # another worker runs it now (it was delivered again)
+    if busy.state == RUNNING and not (holder and _holds(busy, holder)):
+        return False  # another process runs it (a message of it delivered again), or it is not known here
     busy._free()
+    return True
+
+
+def retrying(busy: JobBusy | None, slot: int, holder: str, now_ms: int) -> bool:
+    """The run at ``slot`` will be tried again (``self.retry()``): its retry is a message of its
+    own, which may wait in the queue and run on any worker, so the run holds its job as a queued
+    run does (``queued_ms``) until a worker starts the retry (:func:`start`)."""
+    if busy is None or busy.slot != slot or (busy.state == RUNNING and not _holds(busy, holder)):
+        return False
+    busy.state, busy.worker, busy.until_ms = QUEUED, "", now_ms + max(busy.queued_ms, 1_000)
     return True
 
 
@@ -257,14 +281,16 @@ def next_pending(
     busy: JobBusy | None, now_ms: int, hold_ms: int, gone: Gone = _never
 ) -> tuple[int | None, Freed | None]:
     """The oldest pending run of a free job, which now holds the job (for the lease ``hold_ms``
-    of the instance that sends it); None while the job is busy or nothing is pending."""
+    of the instance that sends it); None while the job is busy or nothing is pending. The run
+    stays pending until it is sent (:func:`sent`): taken by an instance that died before sending
+    it, it is taken again once that hold runs out."""
     if busy is None:
         return None, None
     freed = _expire(busy, now_ms, gone)
     if busy.slot is not None or not busy.pending:
         return None, freed
     slot = busy.pending[0]
-    busy._take(slot, QUEUED, now_ms + hold_ms)
+    busy.slot, busy.state, busy.until_ms, busy.run, busy.worker = slot, QUEUED, now_ms + hold_ms, "", ""
     return slot, freed
 
 

@@ -290,7 +290,9 @@ class PostgresBackend(SqlBackend):
         """Lock a cursor row and let it go: a user without the rights fails here."""
         try:
             with self._transaction() as db:
-                db.execute("SELECT cursor FROM anarchon_jobs WHERE prefix = %s FOR UPDATE", (self.prefix,))
+                db.execute(  # (one row, in the order claims lock them)
+                    "SELECT cursor FROM anarchon_jobs WHERE prefix = %s ORDER BY job LIMIT 1 FOR UPDATE", (self.prefix,)
+                )
                 db.execute("DELETE FROM anarchon_runs WHERE false")
         except self._psycopg.Error as exc:
             raise self._unusable("decide claims", exc) from exc

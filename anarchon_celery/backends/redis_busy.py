@@ -47,14 +47,14 @@ class RedisOverlap:
         found = freed_of(freed) if freed else None
         return Start(verdict, overlap.decode(), int(left), found[1] if found else None, bool(holds))
 
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
-        args: list[Any] = [self.prefix, worker, lease_ms]
-        for job, slot in runs:
-            args += [job, str(slot)]
+    def _renew_busy(self, runs: Sequence[tuple[str, int, str]], lease_ms: int) -> list[str | None]:
+        args: list[Any] = [self.prefix, lease_ms]
+        for job, slot, holder in runs:
+            args += [job, str(slot), holder]
         return [answer.decode() or None for answer in self._renew_script(args=args)]
 
-    def _end_busy(self, job: str, slot: int, worker: str) -> bool:
-        return bool(self._end_script(args=[self.prefix, job, str(slot), worker]))
+    def _end_busy(self, job: str, slot: int, holder: str, retrying: bool) -> bool:
+        return bool(self._end_script(args=[self.prefix, job, str(slot), holder, "1" if retrying else "0"]))
 
     def _next_pending(
         self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]

@@ -99,16 +99,27 @@ local function busy_admit(job, slot, policy, queued_ms, hold_ms)
   busy_put(job, b)
   return verdict
 end
--- A run sent (to hold its job until a worker starts it), or taken over (for its new lease).
+-- A run sent (to hold its job until a worker starts it; pending no more), or taken over (for its
+-- new lease).
 local function busy_hold(job, slot, until_ms, queued)
   local b = busy_get(job)
   if b and b.s == slot and b.st == 'queued' then
-    if queued then until_ms = now + b.q end
-    if until_ms > b.u then
-      b.u = until_ms
-      busy_put(job, b)
+    if queued then
+      until_ms = now + b.q
+      for k = #b.pd, 1, -1 do
+        if b.pd[k] == slot then table.remove(b.pd, k) end
+      end
     end
+    if until_ms > b.u then b.u = until_ms end
+    busy_put(job, b)
   end
+end
+-- Whether holder ('node#main.pool'; 'node#*': any process of that node) holds the run.
+local function busy_holds(b, holder)
+  if holder:sub(-2) == '#*' then
+    return b.w:sub(1, #holder - 1) == holder:sub(1, -2)
+  end
+  return b.w == holder
 end
 """
 )
@@ -157,27 +168,27 @@ return {allowed, '', 0, freed[1] or '', holds}
 """
 )
 
-# ARGV: prefix, worker, lease_ms, then job and slot for each run. Per run: "renewed", "late" (its
-# hold had run out, nobody having taken the job: renewed), "lost" (the job is not held by it any
-# more) or "" (the job is not protected, or the run holds it as queued: not started).
+# ARGV: prefix, lease_ms, then job, slot and holder for each run. Per run: "renewed", "late" (its
+# hold had run out, nobody having taken the job: renewed), "lost" (the job is held by another run,
+# or by this run elsewhere) or "" (the job is not protected, free, or held by the run as queued).
 RENEW = (
     TIME
     + """
-local prefix, worker, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local prefix, lease = ARGV[1], tonumber(ARGV[2])
 """
     + BUSY
     + """
 local out = {}
-for i = 4, #ARGV, 2 do
-  local job, slot = ARGV[i], tonumber(ARGV[i + 1])
+for i = 3, #ARGV, 3 do
+  local job, slot, holder = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local b = busy_get(job)
-  if not b or b.p == 'allow' or (b.s == slot and b.st == 'queued') then
+  if not b or b.p == 'allow' or not b.s or (b.s == slot and b.st == 'queued') then
     out[#out + 1] = ''
-  elseif b.s ~= slot then
+  elseif b.s ~= slot or b.w ~= holder then
     out[#out + 1] = 'lost'
   else
     if b.u <= now then out[#out + 1] = 'late' else out[#out + 1] = 'renewed' end
-    b.u, b.w = now + lease, worker
+    b.u = now + lease
     busy_put(job, b)
   end
 end
@@ -185,19 +196,24 @@ return out
 """
 )
 
-# ARGV: prefix, job, slot, worker ("" : told by a worker that did not start it). Returns 1 when the
-# run held its job, which is now free.
+# ARGV: prefix, job, slot, holder ("": told by a process that did not start it), retrying (1: the
+# run will be tried again, and holds its job as a queued run does). Returns 1 when the run held
+# its job, which is now free (or held by the retry).
 END = (
-    """
-local prefix, job, slot, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local now = 0
+    TIME
+    + """
+local prefix, job, slot, holder, again = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 """
     + BUSY
     + """
 local b = busy_get(job)
 if not b or b.s ~= slot then return 0 end
-if b.st == 'running' and worker ~= '' and b.w ~= worker then return 0 end
-b.s, b.r, b.st, b.u, b.w = nil, '', '', 0, ''
+if b.st == 'running' and not (holder ~= '' and busy_holds(b, holder)) then return 0 end
+if again == '1' then
+  b.st, b.w, b.u = 'queued', '', now + math.max(b.q, 1000)
+else
+  b.s, b.r, b.st, b.u, b.w = nil, '', '', 0, ''
+end
 busy_put(job, b)
 return 1
 """
@@ -219,9 +235,9 @@ for i = 5, #ARGV, 2 do
   local b = busy_get(job)
   if b then
     busy_expire(job, b, nil)
-    if not b.s and #b.pd > 0 then
+    if not b.s and #b.pd > 0 then  -- (pending until sent: busy_hold)
       local slot = b.pd[1]
-      busy_take(b, slot, 'queued', now + lease, '', '')
+      b.s, b.st, b.u, b.r, b.w = slot, 'queued', now + lease, '', ''
       local slot_text = string.format('%d', slot)
       local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
       local token = redis.call('HINCRBY', run_key, 'token', 1)

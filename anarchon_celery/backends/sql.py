@@ -175,20 +175,24 @@ class SqlBackend(StoreBackend):
         """Whether ``worker`` is known to be gone (see :data:`.busy.Gone`); by default, never."""
         return False
 
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
+    def _renew_busy(self, runs: Sequence[tuple[str, int, str]], lease_ms: int) -> list[str | None]:
         with self._rows() as db:
-            states = self._busy_states(db, [job for job, _ in runs])
+            states = self._busy_states(db, [job for job, _, _ in runs])
             if not states:
                 return [None] * len(runs)
+            read = {job: state.encode() for job, state in states.items()}
             now = self._locked_now(db)
-            renewed = [busy.renew(states.get(job), slot, worker, now, lease_ms) for job, slot in runs]
-            self._write_busy(db, states)
+            renewed = [busy.renew(states.get(job), slot, holder, now, lease_ms) for job, slot, holder in runs]
+            self._write_busy(db, states, read)
         return renewed
 
-    def _end_busy(self, job: str, slot: int, worker: str) -> bool:
+    def _end_busy(self, job: str, slot: int, holder: str, retrying: bool) -> bool:
         with self._rows() as db:
             state = self._busy_states(db, [job]).get(job)
-            ended = busy.end(state, slot, worker)
+            if retrying:
+                ended = busy.retrying(state, slot, holder, self._locked_now(db))
+            else:
+                ended = busy.end(state, slot, holder)
             if ended and state is not None:
                 self._write_busy(db, {job: state})
         return ended

@@ -182,7 +182,7 @@ class SQLiteBackend(SqlBackend):
         self._db: sqlite3.Connection | None = None
         self._pid = 0
         self._heard_handback: int | None = None
-        self._worker_lock: int | None = None  # the file lock of hold_worker()
+        self._worker_lock: tuple[int, str] | None = None  # the file lock of hold_worker(), and its path
 
     @classmethod
     def location_of(cls, url: str) -> str:
@@ -324,12 +324,13 @@ class SQLiteBackend(SqlBackend):
     # -- workers' liveness (overlap protection) ---------------------------------------------------
 
     def _worker_file(self, worker: str) -> str:
-        return os.path.join(f"{self.path}.workers", re.sub(r"[^A-Za-z0-9_.@-]", "_", f"{self.prefix}{worker}"))
+        return os.path.join(f"{self.path}.workers", re.sub(r"[^A-Za-z0-9_.@#-]", "_", f"{self.prefix}{worker}"))
 
     def hold_worker(self, worker: str) -> bool:
-        """Lock a file named after ``worker`` beside the database for this process's life: the
-        kernel releases it the moment the process is gone, however it died, and the instances
-        of this host, which share the database, see it (:meth:`_gone`)."""
+        """Lock a file named after ``worker`` (``node#main``: the worker's main process) beside
+        the database, for the process's life and its pool processes' (taken before they are
+        forked, they share it): the kernel releases it once all of them are gone, however they
+        died, and the instances of this host, which share the database, see it (:meth:`_gone`)."""
         path = self._worker_file(worker)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -341,26 +342,26 @@ class SQLiteBackend(SqlBackend):
                 time.sleep(0.01)
         else:
             os.close(fd)
-            logger.warning(
-                "anarchon: another live worker on this host is named %r: this one's holds on busy jobs are freed "
-                "by their lease only if it dies. Give each worker its own name (celery worker -n)",
-                worker,
-            )
+            logger.warning("anarchon: %s is locked by another live process: holds are freed by their lease only", path)
             return False
         self.release_worker()
-        self._worker_lock = fd
+        self._worker_lock = (fd, path)
         return True
 
     def release_worker(self) -> None:
-        fd, self._worker_lock = self._worker_lock, None
-        if fd is not None:
-            os.close(fd)
+        held, self._worker_lock = self._worker_lock, None
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(held[1])
+            os.close(held[0])
 
-    def _gone(self, worker: str) -> bool:
-        """Whether the process that held ``worker``'s file lock is gone (the lock is free); False
-        when it never took one (a worker of an earlier release, or not started yet)."""
+    def _gone(self, holder: str) -> bool:
+        """Whether the worker of ``holder`` (``node#main.pool``) is gone: the file lock its main
+        process took is free. False when it never took one (a worker of an earlier release)."""
+        if "#" not in holder:
+            return False
         try:
-            fd = os.open(self._worker_file(worker), os.O_RDWR)
+            fd = os.open(self._worker_file(holder.rsplit(".", 1)[0]), os.O_RDWR)
         except OSError:
             return False
         try:

@@ -139,12 +139,12 @@ class StoreBackend(Backend, LeaseStore, JobState):
         protected from overlap), in one atomic step: a run refused by either is not marked."""
 
     @abc.abstractmethod
-    def _renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
+    def _renew_busy(self, runs: Sequence[tuple[str, int, str]], lease_ms: int) -> list[str | None]:
         """:func:`.busy.renew` for each run, in one atomic step."""
 
     @abc.abstractmethod
-    def _end_busy(self, job: str, slot: int, worker: str) -> bool:
-        """:func:`.busy.end`, in one atomic step."""
+    def _end_busy(self, job: str, slot: int, holder: str, retrying: bool) -> bool:
+        """:func:`.busy.end` (or :func:`.busy.retrying`), in one atomic step."""
 
     @abc.abstractmethod
     def _next_pending(
@@ -300,11 +300,11 @@ class StoreBackend(Backend, LeaseStore, JobState):
     ) -> Start:
         return self._start(job, slot, token, redelivered, run, worker, lease_ms or DEFAULT_BUSY_LEASE_MS)
 
-    def renew_busy(self, runs: Sequence[tuple[str, int]], worker: str, lease_ms: int) -> list[str | None]:
-        return self._renew_busy(runs, worker, lease_ms) if runs else []
+    def renew_busy(self, runs: Sequence[tuple[str, int, str]], lease_ms: int) -> list[str | None]:
+        return self._renew_busy(runs, lease_ms) if runs else []
 
-    def end_busy(self, job: str, slot: int, worker: str) -> bool:
-        return self._end_busy(job, slot, worker)
+    def end_busy(self, job: str, slot: int, holder: str, *, retrying: bool = False) -> bool:
+        return self._end_busy(job, slot, holder, retrying)
 
     def next_pending(
         self, jobs: Sequence[str], instance: str, deadline_ms: Mapping[str, int]
@@ -423,6 +423,12 @@ class StoreBackend(Backend, LeaseStore, JobState):
         policies = {policy: sorted(job.name for job in jobs if job.catch_up == policy) for policy in ("latest", "all")}
         caught = "; ".join(f"catch-up {policy}: {', '.join(names)}" for policy, names in policies.items() if names)
         shown += f"; {caught}" if caught else "; no job catches up missed runs"
+        guarded = {
+            policy: sorted(job.name for job in jobs if job.overlap == policy)
+            for policy in ("skip", "buffer_one", "buffer_all")
+        }
+        kept = "; ".join(f"overlap {policy}: {', '.join(names)}" for policy, names in guarded.items() if names)
+        shown += f"; {kept}" if kept else "; every job may overlap itself (overlap allow)"
         blind = sorted(job.name for job in jobs if backups_never_act(job, self.lease_ms))
         if blind:
             return Finding(

@@ -51,7 +51,7 @@ from .. import clock
 from ..history import encode_event
 from ..task_run import run_headers_of
 from . import holding, splits, start_check
-from .start_check import worker_name
+from .start_check import holder_of, worker_name
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush"]
 
@@ -447,8 +447,8 @@ def _on_postrun(sender: Any = None, task: Any = None, retval: Any = None, state:
     if task is None:
         return
     request = task.request
-    if state != "RETRY" and not getattr(request, start_check.REFUSED, False):
-        holding.end(task.app, request, worker_name(request))  # its job (protected from overlap) is free
+    if not getattr(request, start_check.REFUSED, False):  # its job (protected from overlap) is free
+        holding.end(task.app, request, holder_of(request), retrying=state == "RETRY")
     if state == "SUCCESS":
         _record(task, task.request, "succeeded")
     elif state == "FAILURE":
@@ -468,7 +468,7 @@ def _on_failure(sender: Any = None, exception: BaseException | None = None, **_:
     event = "abandoned" if isinstance(exception, WorkerLostError) else "failed"
     request = getattr(sender, "request", None)
     _record(sender, request, event, error_type=type(exception).__name__, error=str(exception))
-    holding.end(sender.app, request, "")  # its job (protected from overlap) is free
+    holding.end(sender.app, request, f"{worker_name(request)}#*")  # its job (protected from overlap) is free
 
 
 @task_revoked.connect
@@ -486,7 +486,8 @@ def _on_revoked(
     reason = "expired" if expired else "terminated" if terminated else "revoked"
     error = f"signal {signum}" if terminated and signum is not None else None
     _record(sender, request, "revoked", reason=reason, error=error)
-    holding.end(sender.app, request, "")  # its job (protected from overlap) is free
+    # Its job (protected from overlap) is free: held by the process terminated, or queued.
+    holding.end(sender.app, request, f"{worker_name(request)}#*" if terminated else "")
 
 
 worker_shutdown.connect(_close_all, weak=False)

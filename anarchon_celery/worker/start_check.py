@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..backends import Backend
     from ..backends.base import LeaseStore, Start
 
-__all__ = ["FREED", "HOLDS", "OVERLAP", "REFUSED", "check", "install", "store_of", "worker_name"]
+__all__ = ["FREED", "HOLDS", "OVERLAP", "REFUSED", "check", "holder_of", "install", "store_of", "worker_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +126,10 @@ def check(task: Any) -> bool:
     if run is None:
         return True  # not a run's
     token, job, slot = int(run["token"] or 0), run["job"], run["slot"]
-    if job is None or slot is None or (getattr(request, "retries", None) or 0) > 0:
-        return True  # not a run's (headers of its own), or the task's own retry: its run started
+    if job is None or slot is None:
+        return True  # not a run's (headers of its own)
+    if (getattr(request, "retries", None) or 0) > 0:
+        token = 0  # the task's own retry: its run started (only its job's hold is taken again)
     redelivered = bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
     backend = _backend(task.app)
     store = backend.lease_store if backend is not None else None
@@ -140,28 +142,33 @@ def check(task: Any) -> bool:
             "anarchon: job %r slot %s: %s is away; task %s runs unchecked", job, slot, backend.describe(), request.id
         )
         return True
-    worker = worker_name(request)
     lease_ms = _lease_ms.get(key, 0)
-    answer = _ask(store, str(job), int(slot), token, redelivered, str(run["run"]), worker, lease_ms)
+    answer = _ask(store, str(job), int(slot), token, redelivered, str(run["run"]), holder_of(request), lease_ms)
     if isinstance(answer, BaseException):
         _away_until[key] = time.monotonic() + ASK_AGAIN_S
         logger.log(
             logging.DEBUG if away_until is not None else logging.WARNING,
             "anarchon: job %r slot %s: could not ask %s whether task %s may start (%r); it runs, and so "
-            "do this process's tasks without asking it until it answers (asked again every %.0fs)",
+            "do this process's tasks without asking it until it answers (asked again every %.0fs)%s",
             job,
             slot,
             backend.describe(),
             request.id,
             answer,
             ASK_AGAIN_S,
+            ": their jobs' overlap protection does not hold meanwhile" if run["overlap"] else "",
         )
         return True
     if away_until is not None:
         del _away_until[key]
         logger.warning("anarchon: %s answers again: tasks are checked against their runs again", backend.describe())
+    return _act(request, answer, str(job), int(slot), token)
+
+
+def _act(request: Any, answer: Start, job: str, slot: int, token: int) -> bool:
+    """Note the store's answer on the request (a refusal, and why); whether the task runs."""
     if answer.freed is not None:
-        setattr(request, FREED, (str(job), answer.freed))
+        setattr(request, FREED, (job, answer.freed))
     if answer.holds:
         setattr(request, HOLDS, True)
     if answer.overlap:
@@ -176,20 +183,19 @@ def check(task: Any) -> bool:
             else "the job's last run is still busy (overlap): "
             + ("kept pending, sent again once it ends" if answer.overlap == "pending" else "skipped"),
         )
-        setattr(request, REFUSED, True)
-        return False
-    if answer.allowed is None:
+    elif answer.allowed is None:
         logger.debug("anarchon: job %r slot %s: run not known any more; task %s runs", job, slot, request.id)
         return True
-    if answer.allowed:
+    elif answer.allowed:
         return True
-    logger.info(
-        "anarchon: job %r slot %s: task %s (token %s) not run: the run was taken over or has started",
-        job,
-        slot,
-        request.id,
-        token,
-    )
+    else:
+        logger.info(
+            "anarchon: job %r slot %s: task %s (token %s) not run: the run was taken over or has started",
+            job,
+            slot,
+            request.id,
+            token,
+        )
     setattr(request, REFUSED, True)
     return False
 
@@ -226,9 +232,20 @@ def _ask(
 
 
 def worker_name(request: Any) -> str:
-    """Who runs a task, as the worker's start check, heartbeat and history name it: the worker's
-    node name (``celery@host``), else this process."""
+    """Which worker runs a task, as history names it: the worker's node name (``celery@host``),
+    else this process."""
     return str(getattr(request, "hostname", None) or f"pid {os.getpid()}")
+
+
+#: The worker's main process (set when the worker starts, before its pool processes are forked).
+MAIN_PID: int | None = None
+
+
+def holder_of(request: Any, pool_pid: int | None = None) -> str:
+    """The process that runs a task, as a job's hold names it: ``node#main.pool`` (the worker's
+    node name, its main process, the pool process running the task: this one by default)."""
+    main = MAIN_PID or os.getpid()
+    return f"{worker_name(request)}#{main}.{pool_pid or os.getpid()}"
 
 
 def _gated(original: Any) -> Any:
@@ -259,6 +276,8 @@ def install(app: Any) -> int:
 
 @worker_init.connect(weak=False)
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    global MAIN_PID
+    MAIN_PID = os.getpid()
     app = getattr(sender, "app", None)
     if app is not None:
         install(app)
