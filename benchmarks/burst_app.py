@@ -33,6 +33,9 @@ if IMPL == "anarchon":
         app.conf.anarchon_catch_up = os.environ["BURST_CATCH_UP"]
     if os.environ.get("BURST_OVERLAP"):  # an overlap policy on every job (each win admitted by its job's state)
         app.conf.anarchon_overlap = os.environ["BURST_OVERLAP"]
+        # No worker ends the runs (a raw consumer counts them): a run sent at start holds its job
+        # for a second only, so that the burst's runs find their jobs free, as after a run's end.
+        app.conf.anarchon_overlap_queued_ms = 1_000
 else:  # plain celery beat: the same runs as crontab entries
     minute, hour, day, month, weekday = CRON.split()
     every = crontab(minute=minute, hour=hour, day_of_month=day, month_of_year=month, day_of_week=weekday)
