@@ -186,6 +186,15 @@ def delete_postgres_rows(prefix: str) -> None:
             db.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
 
 
+def delete_store_state(kind: str, prefix: str) -> None:
+    """What a run left under ``prefix`` in the store of ``kind`` (Redis keys, PostgreSQL rows; a
+    SQLite file goes with its folder)."""
+    if kind == "redis":
+        delete_redis_keys(prefix)
+    elif kind == "postgres":
+        delete_postgres_rows(prefix)
+
+
 def delete_redis_keys(prefix: str) -> None:
     """The keys a run on the Redis backend left (cursors, run records)."""
     import redis
@@ -238,10 +247,7 @@ def scheduler_run(
             stop(proc)
         tally.stop()
         delete_prefixed(prefix, BROKER)
-        if backend == "redis":
-            delete_redis_keys(prefix)
-        if backend == "postgres":
-            delete_postgres_rows(prefix)
+        delete_store_state(backend, prefix)
     name = f"anarchon_celery x{instances}" if impl == "anarchon" else "plain celery beat x1"
     if backend != "rabbitmq":
         name += f" on {STORES[backend]}"

@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from burst import POSTGRES, REDIS, delete_postgres_rows, delete_redis_keys
+from burst import POSTGRES, REDIS, delete_store_state
 from common import (
     BROKER,
     HERE,
@@ -138,10 +138,7 @@ def run_line(kind: str, policy: str, args: argparse.Namespace) -> dict[str, Any]
     finally:
         tally.stop()
         delete_prefixed(prefix, BROKER)
-        if kind == "redis":
-            delete_redis_keys(prefix)
-        if kind == "postgres":
-            delete_postgres_rows(prefix)
+        delete_store_state(kind, prefix)
     row = judge(tally.arrivals, marks, policy, args)
     if not args.keep_logs:
         remove_dir(folder)

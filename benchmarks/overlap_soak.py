@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from burst import POSTGRES, REDIS, delete_postgres_rows, delete_redis_keys
+from burst import POSTGRES, REDIS, delete_store_state
 from common import BROKER, bench_env, delete_prefixed, report, start_celery, stop, wait_for_line
 
 IMPLS = ("anarchon-sqlite", "anarchon-redis", "anarchon-postgres", "once", "singleton", "plain")
@@ -197,10 +197,7 @@ def run_line(impl: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         fleet.close()
         delete_prefixed(prefix, BROKER)
-        if store == "redis":
-            delete_redis_keys(prefix)
-        elif store == "postgres":
-            delete_postgres_rows(prefix)
+        delete_store_state(store or "", prefix)
         _delete_locks(prefix)
     found = executions(log, fleet.killed, ended)
     row = {
