@@ -15,11 +15,13 @@ from .backends import (
     RedisBackend,
     SQLiteBackend,
 )
+from .backends.pauses import Pause
 from .backfilling import BackfillReport
 from .control import ManualRun, backfill, history, last_run, run_now
 from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .history import Run
 from .jobs import Job, cron, task_id_for
+from .pausing import pause, paused, resume
 from .schedule import Cron, Interval, Schedule
 from .scheduler import Scheduler
 from .settings import Settings
@@ -42,6 +44,11 @@ __all__ = [
     "Run",
     "ManualRun",
     "BackfillReport",
+    # Pausing a job, for every instance
+    "pause",
+    "resume",
+    "paused",
+    "Pause",
     # Backends
     "Backend",
     "RabbitMQBackend",

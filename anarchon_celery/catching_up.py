@@ -162,7 +162,7 @@ class CatchUps:
             for (claim, coalesced), outcome in zip(inside, outcomes):
                 if outcome is Outcome.WON:
                     runs.append(outgoing(claim, now, 1, coalesced))
-                elif outcome is not Outcome.LOST:
+                elif outcome is not Outcome.LOST and outcome is not Outcome.PAUSED:
                     logger.warning(
                         "anarchon: job %r slot %d: a missed run not caught up, its claim was %s",
                         claim.job,

@@ -21,6 +21,7 @@ import click
 from . import clock, docs
 from .backends import JobState, StreamHistory
 from .backends.base import Finding, checked
+from .backends.pauses import Pause
 from .control import (
     Deployment,
     backfill,
@@ -37,6 +38,7 @@ from .control import (
 from .errors import AnarchonError, BrokerError
 from .history import Run, fold
 from .jobs import JOB_NAME_RE, Job
+from .pausing import paused
 from .schedule import from_ms, to_ms
 
 __all__ = ["anarchon"]
@@ -143,6 +145,13 @@ def _run_dict(run: Run) -> dict[str, Any]:
     return data
 
 
+def pause_dict(found: Pause | None, tz: Any) -> dict[str, Any] | None:
+    """A pause as the commands' JSON shows it (times in the job's time zone)."""
+    if found is None:
+        return None
+    return {"by": found.by, "at": _iso(found.at_ms, tz), "note": found.note, "until": _iso(found.until_ms, tz)}
+
+
 @click.group(name="anarchon")
 def anarchon() -> None:
     """anarchon_celery: the jobs, their history, manual runs, a config check and pruning."""
@@ -153,29 +162,45 @@ def anarchon() -> None:
 @click.pass_context
 @_fail_cleanly
 def jobs(ctx: click.Context, as_json: bool) -> None:
-    """Every job: schedule, time zone, next run, last run and its status."""
+    """Every job: schedule, time zone, state (active, or paused with by whom and why), next
+    run, last run and its status."""
     with _deployment(ctx) as deployment:
         events = deployment.backend.read_history(sorted(n for n, j in deployment.jobs.items() if j.history_size))
+        pauses = paused(_app(ctx), deployment=deployment)
     now = clock.now_ms()
     data, rows = [], []
     for name, job in sorted(deployment.jobs.items()):
         last = fold(events.get(name, []), 1)
         next_slot = job.next_slot(now)
+        pause = pauses.get(name)
         entry = {
             "job": name,
             "task": job.task,
             "schedule": job.schedule.describe(),
             "tz": str(job.tz),
+            "state": "paused" if pause else "active",
+            "paused": pause_dict(pause, job.tz),
             "next_run": _iso(next_slot, job.tz),
             "next_run_utc": _iso(next_slot),
             "last_run": _run_dict(last[0]) if last else None,
         }
         data.append(entry)
         last_sent = _iso(last[0].sent_at_ms or last[0].started_at_ms, job.tz) if last else None
+        state = f"paused by {pause.by}{': ' + pause.note if pause.note else ''}" if pause else "active"
+        if pause and pause.until_ms is not None:
+            state += f" (until {_iso(pause.until_ms, job.tz)})"
         rows.append(
-            [name, job.schedule.describe(), str(job.tz), entry["next_run"], last_sent, last[0].status if last else None]
+            [
+                name,
+                job.schedule.describe(),
+                str(job.tz),
+                state,
+                entry["next_run"],
+                last_sent,
+                last[0].status if last else None,
+            ]
         )
-    _emit(as_json, data, rows, ["JOB", "SCHEDULE", "TZ", "NEXT RUN", "LAST RUN", "STATUS"])
+    _emit(as_json, data, rows, ["JOB", "SCHEDULE", "TZ", "STATE", "NEXT RUN", "LAST RUN", "STATUS"])
 
 
 @anarchon.command(name="next")
@@ -494,3 +519,6 @@ def _listed_streams(streams: StreamHistory, rabbitmqctl: str) -> list[str]:
             f"cannot list the broker's queues: {exc}. Run prune on the broker's host, give --rabbitmqctl "
             "'ssh HOST sudo rabbitmqctl', or name the jobs: prune JOB..."
         ) from None
+
+
+from . import cli_runtime  # noqa: E402, F401 - its commands join the group

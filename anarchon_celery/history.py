@@ -28,15 +28,18 @@ Three more kinds tell of runs that went otherwise:
   ``buffered``); its ``sent`` event follows.
 * ``abandoned`` is also written by whoever finds that a worker stopped renewing its hold on a job
   protected from overlap (``error_type`` ``LeaseExpired``): its whole worker died.
+* ``paused`` (from the beat that decided it): a run due while its job was paused, not sent.
 
 A run's ``status`` is the kind of its most advanced event: ``sent`` or ``unsent`` (rank 0), then
-``running`` (1), then ``succeeded``, ``failed``, ``revoked`` or ``abandoned`` (2, final); between two events of one
-rank, the later one in the stream counts. ``Run.reason`` is a revoked run's reason (so an expired
-task is status ``revoked``, reason ``expired``), None for any other status; ``error_type`` and
-``error`` are those of a ``failed``, ``revoked``, ``abandoned`` or ``unsent`` status.
+``running`` (1), then ``succeeded``, ``failed``, ``revoked``, ``abandoned``, ``skipped`` or
+``paused`` (2, final); between two events of one rank, the later one in the stream counts.
+``Run.reason`` is a revoked run's reason (so an expired task is status ``revoked``, reason
+``expired``), None for any other status; ``error_type`` and ``error`` are those of a ``failed``,
+``revoked``, ``abandoned`` or ``unsent`` status.
 
-Version 1 of the JSON form gained ``unsent``, ``revoked``, ``abandoned`` and ``skipped``; a reader that
-predates them skips them, as it skips anything not of ours. Pure: no I/O.
+Version 1 of the JSON form gained ``unsent``, ``revoked``, ``abandoned``, ``skipped``, ``pending``
+and ``paused``; a reader that predates them skips them, as it skips anything not of ours. Pure: no
+I/O.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ __all__ = ["EVENTS", "REVOKE_REASONS", "SKIP_REASONS", "Run", "decode_event", "e
 
 SCHEMA = 1
 #: Every kind of event, roughly in the order a run goes through them.
-EVENTS = ("pending", "sent", "unsent", "skipped", "running", "succeeded", "failed", "revoked", "abandoned")
+EVENTS = ("pending", "sent", "unsent", "skipped", "paused", "running", "succeeded", "failed", "revoked", "abandoned")
 #: The most events one run gets (not counting an event written twice): sent or unsent, running,
 #: and a final one.
 EVENTS_PER_RUN = 3
@@ -63,6 +66,7 @@ _RANK = {
     "sent": 0,
     "unsent": 0,
     "skipped": 2,
+    "paused": 2,
     "running": 1,
     "succeeded": 2,
     "failed": 2,
@@ -78,6 +82,7 @@ _FIELDS = {
     "unsent": (*_SENT_FIELDS, "error_type", "error"),
     "skipped": ("slot", "instance", "reason", "count", "first_slot", "worker"),
     "pending": ("slot", "instance", "worker"),
+    "paused": ("slot", "instance"),
     "running": ("worker", "instance"),  # the instance whose message started it
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),
@@ -127,7 +132,7 @@ class Run:
 
     run_id: str
     job: str
-    status: str  # sent, unsent, skipped, running, succeeded, failed, revoked or abandoned
+    status: str  # sent, unsent, skipped, paused, running, succeeded, failed, revoked or abandoned
     trigger: str | None  # schedule, catch_up, backfill or manual; None when the sent event was trimmed away
     slot: int | None
     task_id: str | None
@@ -166,6 +171,9 @@ def _apply(run: dict[str, Any], event: Mapping[str, Any]) -> None:
         _apply_skipped(run, event)
     elif kind == "pending":  # won while its job was busy: sent once it is free
         _fill(run, event, ("slot", "instance"))
+    elif kind == "paused":  # due while its job was paused: not sent
+        _fill(run, event, ("slot", "instance"))
+        run["finished_at_ms"] = event["at_ms"]
     elif kind == "running":
         if run.get("worker") is None:  # a final event's worker, if any, counts
             run["worker"] = event.get("worker")

@@ -28,6 +28,7 @@ from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
+from .pausing import PausedRuns
 from .planning import Plan
 from .runqueue import BackupTry, Item
 from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
@@ -75,6 +76,8 @@ class Scheduler(beat.Scheduler):
         self._place_asked_at = -PLACE_AGAIN_S
         #: Catch-up and overlap protection, on a backend with leases only.
         self.store_runs: StoreRuns | None = None
+        #: The runs decided while their job was paused, recorded (made again by :meth:`setup_schedule`).
+        self.paused_runs = PausedRuns({}, self.instance, "")
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -102,6 +105,7 @@ class Scheduler(beat.Scheduler):
         backend = self.backend = deployment.backend
         self.jobs = deployment.jobs
         self.plan = Plan(self.jobs, backend, deployment.settings.lead_ms, self._random)
+        self.paused_runs = PausedRuns(self.jobs, self.instance, backend.prefix)
         start = clock.now_ms()
         for job in self.jobs.values():
             if reachable and job.history_size:
@@ -287,6 +291,7 @@ class Scheduler(beat.Scheduler):
             raise
         if self.leases is not None:
             self.leases.arm_lost(self._plan.queue, self.jobs, now)
+        self.paused_runs.note(claims, outcomes)
         runs = list(won.values())  # the ones written first, in the order written
         for claim, outcome in zip(claims, outcomes):
             if outcome is Outcome.AWAY or outcome is Outcome.EARLY:
@@ -342,6 +347,7 @@ class Scheduler(beat.Scheduler):
         event, with the error, of each run won whose task could not be sent."""
         assert self.backend is not None
         events = history_events(done, self.instance)
+        events += self.paused_runs.events()
         if self.store_runs is not None:
             events += self.store_runs.events()
         if events:

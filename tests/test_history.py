@@ -222,6 +222,7 @@ OPTIONAL = {
     "unsent": ("slot", "task_id", "task", "instance", "trigger", "coalesced", "error_type", "error"),
     "skipped": ("slot", "instance", "count", "first_slot", "worker"),
     "pending": ("slot", "instance", "worker"),
+    "paused": ("slot", "instance"),
     "running": ("worker",),
     "succeeded": ("worker",),
     "failed": ("worker", "error_type", "error"),

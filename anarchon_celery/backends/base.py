@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .. import docs
 from ..errors import AnarchonError, ConfigError
 from .busy import Freed
+from .pauses import Pause  # noqa: F401 - the contract's type (documented as anarchon_celery.Pause)
 
 if TYPE_CHECKING:
     from ..jobs import Job
@@ -113,6 +114,9 @@ class Outcome(enum.Enum):
     #: The store's clock says the run is not due yet: this instance's clock is ahead. Not won,
     #: and not decided: the scheduler claims it again a moment later, while its deadline allows.
     EARLY = "early"
+    #: This instance decided the run, and its job is paused (see :meth:`Backend.pause`): it is
+    #: not sent, and the instance records it ``paused``. Like a win, it is given to one instance.
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +519,27 @@ class Backend(abc.ABC):
     def max_idle_s(self) -> float | None:
         """The longest the scheduler may sleep between :meth:`maintain` calls, if bounded."""
         return None
+
+    # -- pauses ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def pause(self, job: str, pause: Pause) -> None:
+        """Pause ``job`` for every instance of the deployment, durably (a pause kept already is
+        replaced): from then on each run of it is decided as ever, by one instance, which gets
+        :attr:`Outcome.PAUSED` instead of a win, until :meth:`resume` or the pause's
+        ``until_ms``. Opens the backend. Raises :class:`~anarchon_celery.BrokerError` when the
+        pause could not be kept (then nothing changed)."""
+
+    @abc.abstractmethod
+    def resume(self, job: str) -> Pause | None:
+        """End ``job``'s pause: the pause ended, or None when the job was not paused. The runs
+        due while it was paused are never sent (a store that catches runs up moves the job's
+        cursor up to now). Opens the backend. Raises :class:`~anarchon_celery.BrokerError`."""
+
+    @abc.abstractmethod
+    def pauses(self) -> dict[str, Pause]:
+        """The jobs paused now, with their pauses (those whose ``until_ms`` passed are not).
+        Opens the backend. Raises :class:`~anarchon_celery.BrokerError` when it cannot tell."""
 
     # -- history --------------------------------------------------------------------------------
 

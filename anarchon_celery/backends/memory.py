@@ -17,6 +17,7 @@ from typing import Any
 from .. import clock
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .pauses import Pause
 from .peers import Peers
 
 __all__ = ["MemoryBackend"]
@@ -34,6 +35,7 @@ class MemoryBackend(Backend):
         self._taken: dict[tuple[str, int], tuple[str, float]] = {}
         self._history: dict[str, deque[dict[str, Any]]] = {}
         self._peers: list[Peers] = []
+        self._pauses: dict[str, Pause] = {}
 
     def open(self) -> None:
         pass
@@ -62,12 +64,27 @@ class MemoryBackend(Backend):
                     outcomes.append(Outcome.LOST)
                 else:
                     self._taken[key] = (instance, now + self.slot_ttl_ms / 1000)
-                    outcomes.append(Outcome.WON)
+                    pause = self._pauses.get(claim.job)
+                    outcomes.append(Outcome.PAUSED if pause and pause.in_effect(now_ms) else Outcome.WON)
         if on_won is not None:
             for claim, outcome in zip(claims, outcomes):
                 if outcome is Outcome.WON:
                     on_won(claim)
         return outcomes
+
+    def pause(self, job: str, pause: Pause) -> None:
+        with self._lock:
+            self._pauses[job] = pause
+
+    def resume(self, job: str) -> Pause | None:
+        with self._lock:
+            pause = self._pauses.pop(job, None)
+        return pause if pause is not None and pause.in_effect(clock.now_ms()) else None
+
+    def pauses(self) -> dict[str, Pause]:
+        now = clock.now_ms()
+        with self._lock:
+            return {job: pause for job, pause in sorted(self._pauses.items()) if pause.in_effect(now)}
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance holding a slot, or None: for tests."""

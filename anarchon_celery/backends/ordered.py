@@ -20,11 +20,12 @@ since the cursor moves once; the scheduler works out the runs inside it from the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .base import CATCH_UP, GAP, Claim, Outcome
+from .pauses import Pause
 
-__all__ = ["decide", "passed_over_kept"]
+__all__ = ["decide", "end_expired_pauses", "passed_over_kept", "resumed_cursor", "set_paused"]
 
 
 def passed_over_kept(slot: int, now_ms: int, kept_ms: int) -> bool:
@@ -99,3 +100,34 @@ def decide(
             cursors[claim.job] = claim.slot if cursor is None else max(cursor, claim.slot)
             results[i] = (Outcome.WON, 0)
     return results
+
+
+def resumed_cursor(cursor: int | None, at_ms: int) -> int | None:
+    """A job's cursor once the job resumes at ``at_ms``: moved up to it, so that catch-up finds
+    no gap over the runs due while it was paused (a job without a cursor keeps none)."""
+    return None if cursor is None else max(cursor, at_ms)
+
+
+def end_expired_pauses(pauses: dict[str, Pause], cursors: dict[str, int | None], now_ms: int) -> list[str]:
+    """The jobs whose pause ran out (its ``until_ms`` passed by ``now_ms``): taken out of
+    ``pauses``, each job's cursor in ``cursors`` moved up to its resume (see
+    :func:`resumed_cursor`). Called before :func:`decide`."""
+    ended = [job for job, pause in pauses.items() if not pause.in_effect(now_ms)]
+    for job in ended:
+        until = pauses.pop(job).until_ms
+        assert until is not None
+        if job in cursors:
+            cursors[job] = resumed_cursor(cursors[job], until)
+    return ended
+
+
+def set_paused(
+    claims: Sequence[Claim], results: list[tuple[Outcome, int]], pauses: Mapping[str, Pause], gaps: dict[int, int]
+) -> list[int]:
+    """After :func:`decide`: each win of a paused job (``pauses``: those in effect) becomes
+    :attr:`Outcome.PAUSED`, leaving no gap to catch up; returns their indexes."""
+    paused = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON and claims[i].job in pauses]
+    for i in paused:
+        results[i] = (Outcome.PAUSED, 0)
+        gaps.pop(i, None)
+    return paused

@@ -30,7 +30,8 @@ from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from . import busy
 from .base import Claim, Outcome
 from .busy import JobBusy, run_state
-from .ordered import decide
+from .ordered import decide, end_expired_pauses, set_paused
+from .pauses import PAUSED, Pause
 from .sql import SqlBackend, _first_line, _Placeholders
 from .sql_schema import POSTGRES, TABLES, columns_missing, create_sql
 from .store import DEFAULT_LEASE_MS, Answer
@@ -176,6 +177,7 @@ class PostgresBackend(SqlBackend):
     # that batches of keys lock in one order whatever the database's collation.
     key_order = 'job COLLATE "C", slot'
     locked_now_sql = _CLOCK
+    lock_row = " FOR UPDATE"
 
     def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
         jobs = sorted({claim.job for claim in claims})
@@ -187,32 +189,35 @@ class PostgresBackend(SqlBackend):
                 (self.prefix, jobs),
             )
             rows = db.execute(
-                "SELECT job, cursor, catch_up_key, busy FROM anarchon_jobs WHERE prefix = %s AND job = ANY(%s) "
-                "ORDER BY job FOR UPDATE",
+                "SELECT job, cursor, catch_up_key, busy, paused FROM anarchon_jobs WHERE prefix = %s "
+                "AND job = ANY(%s) ORDER BY job FOR UPDATE",
                 (self.prefix, jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in rows}
-            keys = {job: key or "" for job, _, key, _ in rows}
-            states = {job: state for job, *_, text in rows if (state := JobBusy.decode(text)) is not None}
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, *_ in rows}
+            keys = {job: key or "" for job, _, key, *_ in rows}
+            states = {job: state for job, _, _, text, _ in rows if (state := JobBusy.decode(text)) is not None}
+            pauses = {job: pause for job, *_, text in rows if (pause := Pause.decode(text)) is not None}
             read = {job: state.encode() for job, state in states.items()}
             keys_before = dict(keys)
             # The clock read once the locks are held (now() is the transaction's start, which may
             # be as long ago as the wait for another instance's lock).
             now = db.execute(_CLOCK).fetchone()[0]
             before = dict(cursors)
+            resumed = end_expired_pauses(pauses, cursors, now)
             # The runs' records, read (and locked) once their jobs' cursors are: every claim of
             # these jobs waits for this one.
             records = self._records(_Placeholders(db, self._sql), [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
-            won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON]
+            paused = set_paused(claims, results, pauses, gaps)
+            won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON] + paused
             verdicts = self._admit(claims, results, states, now)
             for i, claim in enumerate(claims if recover else ()):  # held: won by a try whose answer was lost
                 record = records.get((claim.job, claim.slot))
                 if record is None or record.holder != instance or results[i][0] is not Outcome.LOST:
                     continue
                 if (claim.job, claim.slot) in recover:
-                    results[i] = (Outcome.WON, 0)
+                    results[i] = (Outcome.PAUSED if record.state == PAUSED else Outcome.WON, 0)
                     if record.state in (busy.SKIPPED, busy.PENDING):  # won, not sent: its job was busy
                         verdicts[i] = record.state
                     if record.gap_after is not None:
@@ -240,9 +245,10 @@ class PostgresBackend(SqlBackend):
                         [claims[i].slot for i in won],
                         [claims[i].deadline_ms for i in won],
                         [gaps.get(i) for i in won],
-                        [run_state(verdicts.get(i)) for i in won],
+                        [PAUSED if i in paused else run_state(verdicts.get(i)) for i in won],
                     ),
                 )
+            self._end_pauses(_Placeholders(db, self._sql), resumed)
             if states:
                 self._write_busy(_Placeholders(db, self._sql), states, read)
             return self._arm(db, claims, results, now, records, gaps, verdicts)

@@ -32,6 +32,7 @@ from .leases import RunRecord
 from .peers import Peers
 from .redis_busy import RedisOverlap, freed_of
 from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
+from .redis_pauses import RedisPauses
 from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
@@ -56,7 +57,7 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(RedisOverlap, StoreBackend):
+class RedisBackend(RedisPauses, RedisOverlap, StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -208,7 +209,9 @@ class RedisBackend(RedisOverlap, StoreBackend):
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups), claim.key, claim.kind]
             args += [claim.overlap, str(claim.queued_ms)]
-        answers = self._decided(self._claim_script, args, "claims", lambda answer: answer.startswith((b"won", b"not:")))
+        answers = self._decided(
+            self._claim_script, args, "claims", lambda answer: answer.startswith((b"won", b"not:", b"paused"))
+        )
         results: list[Answer] = [Answer(Outcome.UNDECIDED)] * len(claims)
         for i, answer in zip(order, answers):
             results[i] = self._answer(answer)
@@ -410,7 +413,7 @@ class RedisBackend(RedisOverlap, StoreBackend):
         """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, catch-up key, run records, history."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
         found: dict[str, list[bytes]] = {}
-        for kind in ("cursor", "catchup", "busy", "run", "history", "backfill"):
+        for kind in ("cursor", "catchup", "busy", "pause", "run", "history", "backfill"):
             for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)
@@ -443,6 +446,7 @@ class RedisBackend(RedisOverlap, StoreBackend):
             keys = self._job_keys(f"{job}*").get(job, [])  # "job*": run keys are job.slot
             if keys:
                 self.client.delete(*keys)
+            self.client.srem(f"{self.prefix}paused", job)
         except (self._refused, *self._errors) as exc:
             raise BrokerUnavailable(f"cannot delete job {job!r} from {self.describe()}: {exc}") from exc
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 __all__ = ["CLAIM", "HAND_BACK", "MARK_SENT", "TAKE_OVER"]
 
 from .redis_busy_scripts import BUSY, TIME
+from .redis_pauses import PAUSES
 
 # KEYS: none (the keys are made from the prefix: one deployment lives on one Redis, not a
 # cluster). ARGV: prefix, instance, slot_ttl_ms, recover (a '1' or '0' per claim, in order; 1: a run
 # this instance holds already counts as won, with the gap its win left: the answer of an earlier
 # try was lost), lease_ms, then job, slot, deadline (-1: none), backups wanted, catch-up key ('' :
 # none), kind ('', 'catch_up' or 'gap'), overlap policy ('' : allow) and queued_ms for each claim.
-# Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "not:<verdict>"
+# Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "paused" (won,
+# its job paused: not sent, see redis_pauses), "not:<verdict>"
 # or "not:<verdict>:<cursor>" (won, not sent: its job is busy, see busy.admit), "lost",
 # "undecided:<ms>", "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a
 # backup); then the runs freed (see redis_busy_scripts). Each job's catch-up key is
@@ -26,11 +28,18 @@ CLAIM = (
 local prefix, instance, ttl, recovering, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 """
     + BUSY
+    + PAUSES
     + """
 local out = {}
 local i = 6
--- A run won: recorded, and admitted by its job's overlap policy; its answer.
+-- A run won: recorded, and admitted by its job's overlap policy (unless it is paused); its answer.
 local function record(run_key, deadline_text, after, job, slot, policy, queued_ms)
+  if paused(job) then
+    redis.call('HSET', run_key, 'holder', instance, 'token', '1', 'state', 'paused', 'decided_ms', now_text,
+               'deadline_ms', deadline_text, 'lease_end_ms', now_text, 'backups', '0')
+    redis.call('PEXPIRE', run_key, ttl)
+    return 'paused'
+  end
   local verdict = busy_admit(job, slot, policy, queued_ms, lease)
   local state = 'claimed'
   if verdict == 'pending' then state = 'pending' elseif verdict ~= '' then state = 'skipped' end
@@ -54,6 +63,7 @@ while i <= #ARGV do
   local cursor_key = prefix .. 'cursor.' .. job
   local key_key = prefix .. 'catchup.' .. job
   local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
+  paused(job)  -- (first: a pause that ran out moves the cursor)
   if deadline >= 0 and now > deadline then
     out[#out + 1] = 'undecided:' .. string.format('%d', now - deadline)
   elseif now < slot then
@@ -64,7 +74,9 @@ while i <= #ARGV do
     if run[1] then  -- decided already
       local run_deadline = tonumber(run[5])
       if recover and run[1] == instance then
-        if run[2] == 'skipped' or run[2] == 'pending' then  -- won, not sent: its job was busy
+        if run[2] == 'paused' then
+          out[#out + 1] = 'paused'
+        elseif run[2] == 'skipped' or run[2] == 'pending' then  -- won, not sent: its job was busy
           out[#out + 1] = 'not:' .. run[2] .. (run[6] and (':' .. run[6]) or '')
         else
           out[#out + 1] = run[6] and ('won:' .. run[6]) or 'won'

@@ -20,6 +20,7 @@ from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
 from .sql_busy import SqlOverlap
+from .sql_pauses import SqlPauses
 from .store import Answer, StoreBackend
 
 __all__ = ["SqlBackend"]
@@ -32,7 +33,7 @@ PEERS_KEPT_MS = 86_400_000
 PRUNE_EVERY_S = 60.0
 
 
-class SqlBackend(SqlOverlap, StoreBackend):
+class SqlBackend(SqlPauses, SqlOverlap, StoreBackend):
     """Rows of runs won, history and job definitions, in a SQL database."""
 
     #: The driver's placeholder, for the ``?`` of the statements below.

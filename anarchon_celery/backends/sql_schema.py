@@ -79,6 +79,7 @@ TABLES = (
             Column(
                 "busy", "text", null=True, comment="overlap protection: the run holding it, runs pending", added=True
             ),
+            Column("paused", "text", null=True, comment="its pause: by whom, when, why, until when", added=True),
         ),
         key=("prefix", "job"),
     ),
@@ -90,7 +91,7 @@ TABLES = (
             Column("slot", "bigint"),
             Column("holder", "text", comment="the instance that runs it"),
             Column("token", "int", comment="fencing token: 1 for the first winner, +1 a takeover"),
-            Column("state", "text", comment="claimed, sent, started; skipped or pending (its job busy)"),
+            Column("state", "text", comment="claimed, sent, started; skipped or pending (its job busy); paused"),
             Column("decided_ms", "bigint", comment="the store's time of the win"),
             Column("deadline_ms", "bigint", null=True, comment="the latest the run may be sent"),
             Column("lease_end_ms", "bigint", default=0, comment="the holder's lease, until then", added=True),

@@ -30,7 +30,8 @@ from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .busy import JobBusy, run_state
-from .ordered import decide
+from .ordered import decide, end_expired_pauses, set_paused
+from .pauses import PAUSED, Pause
 from .sql import SqlBackend
 from .sql_schema import SQLITE, TABLES, columns_missing, create_sql
 from .store import DEFAULT_LEASE_MS, Answer
@@ -274,18 +275,21 @@ class SQLiteBackend(SqlBackend):
         with self._transaction() as db:
             now = db.execute(_NOW).fetchone()[0]
             found = db.execute(
-                "SELECT job, cursor, catch_up_key, busy FROM anarchon_jobs "
+                "SELECT job, cursor, catch_up_key, busy, paused FROM anarchon_jobs "
                 f"WHERE prefix = ? AND job IN ({', '.join('?' * len(jobs))})",
                 (self.prefix, *jobs),
             ).fetchall()
-            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, _, _ in found}
-            keys = {job: key or "" for job, _, key, _ in found}
-            states = {job: state for job, *_, text in found if (state := JobBusy.decode(text)) is not None}
+            cursors: dict[str, int | None] = {job: (None if cursor < 0 else cursor) for job, cursor, *_ in found}
+            keys = {job: key or "" for job, _, key, *_ in found}
+            states = {job: state for job, _, _, text, _ in found if (state := JobBusy.decode(text)) is not None}
+            pauses = {job: pause for job, *_, text in found if (pause := Pause.decode(text)) is not None}
             read = {job: state.encode() for job, state in states.items()}
             before = dict(cursors), dict(keys)
+            resumed = end_expired_pauses(pauses, cursors, now)
             records = self._records(db, [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
             results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
+            paused = set_paused(claims, results, pauses, gaps)
             verdicts = self._admit(claims, results, states, now)
             moved = [
                 job
@@ -298,6 +302,7 @@ class SQLiteBackend(SqlBackend):
                 "catch_up_key = excluded.catch_up_key",
                 [(self.prefix, job, _stored(cursors[job]), keys.get(job, "")) for job in moved],
             )
+            self._end_pauses(db, resumed)
             db.executemany(
                 "INSERT INTO anarchon_runs (prefix, job, slot, holder, token, state, decided_ms, "
                 "deadline_ms, lease_end_ms, backups, gap_after) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, 0, ?)",
@@ -307,14 +312,14 @@ class SQLiteBackend(SqlBackend):
                         c.job,
                         c.slot,
                         instance,
-                        run_state(verdicts.get(i)),
+                        PAUSED if i in paused else run_state(verdicts.get(i)),
                         now,
                         c.deadline_ms,
                         now + self.lease_ms,
                         gaps.get(i),
                     )
                     for i, c in enumerate(claims)
-                    if results[i][0] is Outcome.WON
+                    if results[i][0] is Outcome.WON or i in paused
                 ],
             )
             if states:

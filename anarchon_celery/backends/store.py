@@ -42,6 +42,7 @@ from .base import (
     check_slot_ttl,
 )
 from .busy import Freed
+from .pauses import Pause
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
 
@@ -372,6 +373,37 @@ class StoreBackend(Backend, LeaseStore, JobState):
     def _handed_back(self) -> list[tuple[str, int]]:
         """See :meth:`handed_back`; may raise the store's errors."""
         return []
+
+    # -- pauses ---------------------------------------------------------------------------------
+
+    def pause(self, job: str, pause: Pause) -> None:
+        self._pause_step(f"pause job {job!r}", lambda: self._pause(job, pause))
+
+    def resume(self, job: str) -> Pause | None:
+        return self._pause_step(f"resume job {job!r}", lambda: self._resume(job))
+
+    def pauses(self) -> dict[str, Pause]:
+        return self._pause_step("read the jobs paused", self._pauses)
+
+    def _pause_step(self, what: str, step: Callable[[], T]) -> T:
+        self.open()
+        try:
+            return step()
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            raise BrokerUnavailable(f"{self.describe()} cannot {what}: {type(exc).__name__}: {exc}") from exc
+
+    @abc.abstractmethod
+    def _pause(self, job: str, pause: Pause) -> None:
+        """Keep ``job``'s pause, in one atomic step; may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _resume(self, job: str) -> Pause | None:
+        """Forget ``job``'s pause and move its cursor up to now (:func:`.ordered.resumed_cursor`),
+        in one atomic step; the pause ended (None: none in effect). May raise the store's errors."""
+
+    @abc.abstractmethod
+    def _pauses(self) -> dict[str, Pause]:
+        """The pauses in effect on the store's clock; may raise the store's errors."""
 
     # -- where runs are decided -----------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery.schedules import crontab
 
-from anarchon_celery.backends import backend_for
+from anarchon_celery.backends import Backend, backend_for
 from anarchon_celery.jobs import collect_jobs
 from anarchon_celery.settings import Settings
 
@@ -50,6 +50,10 @@ def main(where: str) -> None:
     namespace = project()
     if code != (EXAMPLES / "proj.py").read_text():  # (the README shows the project itself)
         exec(compile(code, where, "exec"), namespace)  # noqa: S102
+    for value in list(namespace.values()):  # a backend shown whole implements the whole contract
+        if isinstance(value, type) and issubclass(value, Backend) and value.__module__ == "proj":
+            missing = sorted(getattr(value, "__abstractmethods__", ()))
+            assert not missing, f"{where}: {value.__name__} does not implement {missing}"
     check(namespace["app"], code)
     print("configuration checked")
 

@@ -20,9 +20,11 @@ from ...connections import keep_alive, negotiated_heartbeat
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ...jobs import Job, live_gates
 from ..base import Backend, Claim, Finding, Outcome, StreamHistory, check_prefix, check_slot_ttl
+from ..pauses import Pause
 from . import survey
 from .ahead import DeclaresAhead
 from .claims import Claimer
+from .control_log import ControlLog
 from .gates import PROBE_S, declare_gates, gates_away
 from .link import (
     AMQP_SCHEMES,
@@ -121,6 +123,7 @@ class RabbitMQBackend(Backend, StreamHistory):
         )
         self._streams = Streams(self.link, self.prefix)
         self._sharing = Sharing(self.link, self.prefix)
+        self._control = ControlLog(self.link, self.prefix)
 
     @classmethod
     def from_app(cls, app: Any, *, prefix: str = "cron.", slot_ttl_ms: int = 300_000) -> RabbitMQBackend:
@@ -160,6 +163,7 @@ class RabbitMQBackend(Backend, StreamHistory):
     def close(self) -> None:
         if not self.link.owned:
             self._sharing.close()
+            self._control.close()
         self.link.close()
         self._ahead.close()
 
@@ -289,8 +293,9 @@ class RabbitMQBackend(Backend, StreamHistory):
             return
         self.await_prepared()
         try:
-            keep_alive(self.connection)  # reads the other instances' announcements too
+            keep_alive(self.connection)  # reads the other instances' announcements (and pauses) too
             self._sharing.keep()
+            self._control.follow()
         except amqp.exceptions.ChannelError as exc:
             logger.info("anarchon: a channel was closed by RabbitMQ while idle (%s)", exc)
             self.link.forget_declarer()
@@ -306,8 +311,29 @@ class RabbitMQBackend(Backend, StreamHistory):
         self.link.missed(job, slots)
 
     def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
-        """See :meth:`Backend.share_definitions` and :mod:`.sharing`."""
+        """See :meth:`Backend.share_definitions` and :mod:`.sharing`; the scheduler calls it at
+        start, and from then on the instance follows the pauses (:mod:`.control_log`)."""
         self._sharing.start(instance, definitions)
+        self._control.follow()
+
+    # -- pauses ---------------------------------------------------------------------------------
+
+    def pause(self, job: str, pause: Pause) -> None:
+        """Appended to the control log (see :mod:`.control_log`): each instance acts on it once
+        it reads it, as soon as its claims' connection is read."""
+        self.open()
+        self._control.append({"op": "pause", "job": job, "pause": json.loads(pause.encode())})
+
+    def resume(self, job: str) -> Pause | None:
+        self.open()
+        ended = self._control.pauses().get(job)
+        if ended is not None:
+            self._control.append({"op": "resume", "job": job})
+        return ended
+
+    def pauses(self) -> dict[str, Pause]:
+        self.open()
+        return self._control.pauses()
 
     # -- the claim ----------------------------------------------------------------------------
 
@@ -340,7 +366,25 @@ class RabbitMQBackend(Backend, StreamHistory):
         the new one is nacked (the run is then lost, never doubled); if it did not, the gate is
         still empty and the run is won a little late instead of lost.
         """
-        return self._claimer.claim(claims, instance, on_won=on_won)
+        control = self._control
+        control.follow()
+        paused: dict[tuple[str, int], bool] = {}  # (once looked at, a run's answer stays)
+
+        def is_paused(claim: Claim) -> bool:
+            key = (claim.job, claim.slot)
+            if key not in paused:
+                paused[key] = control.paused(claim.job)
+            return paused[key]
+
+        def won(claim: Claim) -> None:
+            if on_won is not None and not is_paused(claim):
+                on_won(claim)
+
+        outcomes = self._claimer.claim(claims, instance, on_won=won)
+        return [
+            Outcome.PAUSED if outcome is Outcome.WON and is_paused(claim) else outcome
+            for claim, outcome in zip(claims, outcomes)
+        ]
 
     def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:
         """Declare the gates of the runs being claimed (see :func:`.gates.declare_gates`)."""

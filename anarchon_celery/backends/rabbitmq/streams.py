@@ -59,11 +59,13 @@ class StreamRead:
 
         return on_message
 
-    def events(self, job: str, into: list[dict[str, Any]]) -> Callable[[amqp.Message], None]:
+    def events(
+        self, job: str, into: list[dict[str, Any]], decode: Callable[[bytes], dict[str, Any] | None] = decode_event
+    ) -> Callable[[amqp.Message], None]:
         def on_message(message: amqp.Message) -> None:
             self.reached[job] = max(self.reached.get(job, -1), self._offset(message))
             self._fix(job)
-            event = decode_event(message.body)
+            event = decode(message.body)
             if event is not None:
                 into.append(event)
 
@@ -240,65 +242,10 @@ class Streams:
                 time.sleep(0.2)
 
     def _read(self, jobs: Sequence[str], empty_s: float) -> dict[str, list[dict[str, Any]]]:
-        events: dict[str, list[dict[str, Any]]] = {job: [] for job in jobs}
-        link = self.link
-        try:
-            raw = link.connect(link.confirm_timeout)
-            existing = [job for job in jobs if self._exists(history_name(self.prefix, job))]
-            if not existing:
-                return events
-            # basic.get and no-ack consumers are refused on streams (and close the connection):
-            # consume with a prefetch and manual acks. RabbitMQ 3.10 can deliver from a stream
-            # before its consume-ok, which py-amqp rejects for want of a callback (and a reject
-            # closes the connection: 540): so the consumers are named here and registered
-            # without waiting for the answer.
-            channel = raw.channel()
-            channel.basic_qos(0, 1000, False)
-            read = StreamRead(channel)
-            tags = []
-            for n, job in enumerate(existing):
-                name = history_name(self.prefix, job)
-                for offset, callback in (("last", read.tail(job)), ("first", read.events(job, events[job]))):
-                    tags.append(f"anarchon.history.{n}.{offset}")
-                    channel.basic_consume(
-                        name,
-                        consumer_tag=tags[-1],
-                        nowait=True,
-                        callback=callback,
-                        arguments={"x-stream-offset": offset},
-                    )
-            started = time.monotonic()
-            while True:
-                now = time.monotonic()
-                left = read.unfinished(existing, empty=now - started >= empty_s)
-                if not left:
-                    break
-                if now - read.moved > link.confirm_timeout:
-                    raise BrokerError(
-                        f"the history of {', '.join(map(repr, left))} could not be read to its end: RabbitMQ "
-                        f"delivered nothing more for {link.confirm_timeout:g}s. Try again"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    raw.drain_events(timeout=READ_SLICE)
-            # Cancelled first: the deliveries still under way are then taken (and acked) by their
-            # consumers, where a channel closing would log each one as ignored.
-            for tag in tags:
-                channel.basic_cancel(tag)
-            channel.close()
-        except (BrokerUnavailable, BrokerRefused):
-            raise
-        except link.errors() as exc:
-            link.discard(connection_lost=True)
-            raise BrokerError(f"cannot read history from {link.connection.as_uri()}: {exc}") from exc
-        return events
+        return read_streams(self.link, {job: history_name(self.prefix, job) for job in jobs}, empty_s, decode_event)[0]
 
     def _exists(self, name: str) -> bool:
-        try:
-            self.link.declare_channel().queue_declare(name, passive=True)
-            return True
-        except amqp.exceptions.NotFound:
-            self.link.forget_declarer()
-            return False
+        return stream_exists(self.link, name)
 
     def check(self) -> None:
         """BrokerError unless a history stream can be made (and it is deleted at once)."""
@@ -315,3 +262,71 @@ class Streams:
                 "RabbitMQ 3.9+ with the stream_queue feature flag enabled "
                 "(rabbitmqctl enable_feature_flag stream_queue)"
             ) from exc
+
+
+def read_streams(
+    link: Link, names: dict[str, str], empty_s: float, decode: Callable[[bytes], dict[str, Any] | None]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Read streams to their end (``names``: a key to each stream; a missing one holds nothing):
+    each stream's records as ``decode`` makes them (None: left out), by key, and the highest
+    offset read of each stream that had any. Raises BrokerError when RabbitMQ stops delivering
+    before the end."""
+    events: dict[str, list[dict[str, Any]]] = {key: [] for key in names}
+    try:
+        raw = link.connect(link.confirm_timeout)
+        existing = [key for key in names if stream_exists(link, names[key])]
+        if not existing:
+            return events, {}
+        # basic.get and no-ack consumers are refused on streams (and close the connection):
+        # consume with a prefetch and manual acks. RabbitMQ 3.10 can deliver from a stream
+        # before its consume-ok, which py-amqp rejects for want of a callback (and a reject
+        # closes the connection: 540): so the consumers are named here and registered
+        # without waiting for the answer.
+        channel = raw.channel()
+        channel.basic_qos(0, 1000, False)
+        read = StreamRead(channel)
+        tags = []
+        for n, key in enumerate(existing):
+            for offset, callback in (("last", read.tail(key)), ("first", read.events(key, events[key], decode))):
+                tags.append(f"anarchon.history.{n}.{offset}")
+                channel.basic_consume(
+                    names[key],
+                    consumer_tag=tags[-1],
+                    nowait=True,
+                    callback=callback,
+                    arguments={"x-stream-offset": offset},
+                )
+        started = time.monotonic()
+        while True:
+            now = time.monotonic()
+            left = read.unfinished(existing, empty=now - started >= empty_s)
+            if not left:
+                break
+            if now - read.moved > link.confirm_timeout:
+                raise BrokerError(
+                    f"{', '.join(names[key] for key in left)} could not be read to its end: RabbitMQ "
+                    f"delivered nothing more for {link.confirm_timeout:g}s. Try again"
+                )
+            with contextlib.suppress(TimeoutError):
+                raw.drain_events(timeout=READ_SLICE)
+        # Cancelled first: the deliveries still under way are then taken (and acked) by their
+        # consumers, where a channel closing would log each one as ignored.
+        for tag in tags:
+            channel.basic_cancel(tag)
+        channel.close()
+    except (BrokerUnavailable, BrokerRefused):
+        raise
+    except link.errors() as exc:
+        link.discard(connection_lost=True)
+        raise BrokerError(f"cannot read {', '.join(names.values())} from {link.connection.as_uri()}: {exc}") from exc
+    return events, {key: read.reached[key] for key in existing if key in read.reached}
+
+
+def stream_exists(link: Link, name: str) -> bool:
+    """Whether the queue ``name`` exists (a passive declare)."""
+    try:
+        link.declare_channel().queue_declare(name, passive=True)
+        return True
+    except amqp.exceptions.NotFound:
+        link.forget_declarer()
+        return False
