@@ -367,7 +367,7 @@ class RabbitMQBackend(Backend, StreamHistory):
         still empty and the run is won a little late instead of lost.
         """
         control = self._control
-        control.follow()
+        control.follow(read=False)  # (again on a new connection; read first at start or when idle)
         paused: dict[tuple[str, int], bool] = {}  # (once looked at, a run's answer stays)
 
         def is_paused(claim: Claim) -> bool:

@@ -123,11 +123,15 @@ class ControlLog:
         now = clock.now_ms()
         return {job: pause for job, pause in sorted(found.items()) if pause.in_effect(now)}
 
-    def follow(self) -> None:
-        """Keep :attr:`view` up to date: read the log to its end the first time, then consume what
-        is appended after it (again from there on a new connection). Best effort: never raises;
-        the view stays as it was until the next call."""
+    def follow(self, *, read: bool = True) -> None:
+        """Keep :attr:`view` up to date: read the log to its end the first time (unless ``read``
+        is False: then nothing is done until it was), then consume what is appended after it
+        (again from there on a new connection). Only on the connection as it is: never connects,
+        so that it never holds a claim up. Best effort: never raises; the view stays as it was
+        until the next call."""
         if self._channel is not None and self._channel.is_open:
+            return
+        if not self.link.connection.connected or (not read and not self._read):
             return
         if self._failed_at is not None and time.monotonic() - self._failed_at < FOLLOW_AGAIN_S:
             return
