@@ -15,6 +15,7 @@ from .backends import (
     RedisBackend,
     SQLiteBackend,
 )
+from .backends.definitions import JobConflict, JobDef
 from .backends.pauses import Pause
 from .backfilling import BackfillReport
 from .control import ManualRun, backfill, history, last_run, run_now
@@ -22,6 +23,7 @@ from .errors import AnarchonError, BrokerError, BrokerRefused, BrokerUnavailable
 from .history import Run
 from .jobs import Job, cron, task_id_for
 from .pausing import pause, paused, resume
+from .runtime import add_job, remove_job, runtime_jobs, update_job
 from .schedule import Cron, Interval, Schedule
 from .scheduler import Scheduler
 from .settings import Settings
@@ -49,6 +51,13 @@ __all__ = [
     "resume",
     "paused",
     "Pause",
+    # Runtime jobs: added, changed and removed without a restart
+    "add_job",
+    "update_job",
+    "remove_job",
+    "runtime_jobs",
+    "JobDef",
+    "JobConflict",
     # Backends
     "Backend",
     "RabbitMQBackend",

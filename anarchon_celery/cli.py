@@ -162,19 +162,25 @@ def anarchon() -> None:
 @click.pass_context
 @_fail_cleanly
 def jobs(ctx: click.Context, as_json: bool) -> None:
-    """Every job: schedule, time zone, state (active, or paused with by whom and why), next
-    run, last run and its status."""
+    """Every job, of the code and runtime ones: kind (code, or runtime with its version),
+    schedule, time zone, state (active, or paused with by whom and why), next run, last run and
+    its status. A runtime job this app cannot run is listed with why."""
     with _deployment(ctx) as deployment:
-        events = deployment.backend.read_history(sorted(n for n, j in deployment.jobs.items() if j.history_size))
+        every = {**deployment.jobs, **deployment.runtime()}
+        events = deployment.backend.read_history(sorted(n for n, j in every.items() if j.history_size))
         pauses = paused(_app(ctx), deployment=deployment)
+        invalid = deployment.invalid()
+        defs = deployment.runtime_defs()
     now = clock.now_ms()
     data, rows = [], []
-    for name, job in sorted(deployment.jobs.items()):
+    for name, job in sorted(every.items()):
         last = fold(events.get(name, []), 1)
         next_slot = job.next_slot(now)
         pause = pauses.get(name)
         entry = {
             "job": name,
+            "kind": "runtime" if job.version else "code",
+            "version": job.version or None,
             "task": job.task,
             "schedule": job.schedule.describe(),
             "tz": str(job.tz),
@@ -189,18 +195,14 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
         state = f"paused by {pause.by}{': ' + pause.note if pause.note else ''}" if pause else "active"
         if pause and pause.until_ms is not None:
             state += f" (until {_iso(pause.until_ms, job.tz)})"
-        rows.append(
-            [
-                name,
-                job.schedule.describe(),
-                str(job.tz),
-                state,
-                entry["next_run"],
-                last_sent,
-                last[0].status if last else None,
-            ]
-        )
-    _emit(as_json, data, rows, ["JOB", "SCHEDULE", "TZ", "STATE", "NEXT RUN", "LAST RUN", "STATUS"])
+        kind = f"runtime v{job.version}" if job.version else "code"
+        row = [name, kind, job.schedule.describe(), str(job.tz), state, entry["next_run"], last_sent]
+        rows.append([*row, last[0].status if last else None])
+    for name, why in sorted(invalid.items()):
+        data.append({"job": name, "kind": "runtime", "version": defs[name].version, "state": "invalid", "error": why})
+        rows.append([name, f"runtime v{defs[name].version}", None, None, f"not runnable here: {why}", None, None, None])
+    headers = ["JOB", "KIND", "SCHEDULE", "TZ", "STATE", "NEXT RUN", "LAST RUN", "STATUS"]
+    _emit(as_json, data, rows, headers)
 
 
 @anarchon.command(name="next")
@@ -455,7 +457,8 @@ def prune(ctx: click.Context, names: tuple[str, ...], yes: bool, rabbitmqctl: st
                 raise click.ClickException(f"no history stream {shown} on this broker: nothing pruned")
         else:
             listed = {history_job(prefix, queue) for queue in _listed_streams(streams, rabbitmqctl)}
-            found = history_streams(deployment, sorted(j for j in listed if j is not None and j not in deployment.jobs))
+            configured = deployment.names()
+            found = history_streams(deployment, sorted(j for j in listed if j is not None and j not in configured))
             jobs = [job for job, exists in found.items() if exists]
             if len(jobs) < len(found):  # listed by rabbitmqctl, unknown here: another broker?
                 click.echo(
@@ -479,7 +482,7 @@ def _prune_store(deployment: Deployment, state: JobState, names: tuple[str, ...]
     if names:
         jobs = sorted(set(names))
         for job in jobs:
-            if job in deployment.jobs:
+            if job in deployment.names():
                 raise click.ClickException(f"job {job!r} is configured: its state is never pruned")
         missing = [job for job in jobs if job not in stored]
         if missing:
@@ -487,7 +490,8 @@ def _prune_store(deployment: Deployment, state: JobState, names: tuple[str, ...]
                 f"no state of job(s) {', '.join(map(repr, missing))} in {deployment.backend.describe()}: nothing pruned"
             )
     else:
-        jobs = [job for job in stored if job not in deployment.jobs]
+        configured = deployment.names()
+        jobs = [job for job in stored if job not in configured]
     data = []
     for job in jobs:
         if yes:
@@ -504,7 +508,7 @@ def _named_job(deployment: Deployment, prefix: str, name: str) -> str:
         raise click.ClickException(
             f"{name!r} is neither a job name nor a history stream of prefix {prefix!r} ({prefix}<job>.history)"
         )
-    if job in deployment.jobs:
+    if job in deployment.names():
         raise click.ClickException(f"job {job!r} is configured: its history stream is never pruned")
     return job
 

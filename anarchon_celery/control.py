@@ -7,16 +7,17 @@ from __future__ import annotations
 import difflib
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import clock, docs
 from .backends import Backend, StreamHistory, backend_for
+from .backends.definitions import JobDef
 from .backends.rabbitmq import history_name
 from .backfilling import BackfillReport, backfill_runs, instant_ms
 from .errors import ConfigError
 from .history import Run, encode_event, fold
-from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs
+from .jobs import JOB_NAME_RE, Job, claim_only, collect_jobs, runtime_job
 from .sending import has_publisher_confirms, instance_id, send_run, task_connection
 from .settings import LEASE_SETTINGS, LEGACY_PREFIX, Settings
 
@@ -36,19 +37,63 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Deployment:
-    """An app's settings, backend and jobs, as every beat instance of it sees them."""
+    """An app's settings, backend and jobs, as every beat instance of it sees them: ``jobs`` are
+    those of the code; :meth:`job` finds the runtime jobs too (read from the backend)."""
 
     settings: Settings
     backend: Backend
     jobs: dict[str, Job]
+    app: Any = None
+    #: The runtime jobs as read from the backend, once asked for (:meth:`runtime`).
+    _runtime: dict[str, Job] = field(default_factory=dict, compare=False, repr=False)
+    _runtime_defs: dict[str, JobDef] = field(default_factory=dict, compare=False, repr=False)
+    _invalid: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    _read: list[bool] = field(default_factory=list, compare=False, repr=False)
+
+    def runtime(self) -> dict[str, Job]:
+        """The runtime jobs this app can run (read from the backend once; a job defined in code
+        hides a runtime job of its name). Those it cannot are in :meth:`invalid`."""
+        if not self._read and self.app is not None:
+            self._read.append(True)
+            for name, kept in self.backend.runtime_jobs().items():
+                self._runtime_defs[name] = kept
+                if name in self.jobs:
+                    self._invalid[name] = "a job of the code has its name"
+                    continue
+                try:
+                    job = runtime_job(name, kept.version, kept.entry, self.app, self.settings, self.backend)
+                    self._runtime[name] = job
+                except ConfigError as exc:
+                    self._invalid[name] = str(exc)
+        return self._runtime
+
+    def runtime_defs(self) -> dict[str, JobDef]:
+        """The runtime jobs' definitions, as read by :meth:`runtime`."""
+        self.runtime()
+        return self._runtime_defs
+
+    def names(self) -> set[str]:
+        """Every job's name: of the code, and every runtime job kept (runnable here or not)."""
+        return {*self.jobs, *self.runtime_defs()}
+
+    def invalid(self) -> dict[str, str]:
+        """The runtime jobs this app cannot run, with why (as read by :meth:`runtime`)."""
+        self.runtime()
+        return self._invalid
 
     def job(self, name: str) -> Job:
-        try:
+        """The job ``name``: of the code, or a runtime one; ConfigError for none."""
+        if name in self.jobs:
             return self.jobs[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, sorted(self.jobs), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"no job named {name!r}.{hint} Jobs: {', '.join(sorted(self.jobs)) or 'none'}") from None
+        runtime = self.runtime()
+        if name in runtime:
+            return runtime[name]
+        if name in self._invalid:
+            raise ConfigError(f"runtime job {name!r} cannot be run by this app: {self._invalid[name]}")
+        known = sorted({*self.jobs, *runtime})
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no job named {name!r}.{hint} Jobs: {', '.join(known) or 'none'}")
 
     def release(self) -> None:
         """Close the backend, unless it is an instance the app's settings hold (shared)."""
@@ -65,7 +110,7 @@ def configure(app: Any) -> Deployment:
             if key in settings.given:
                 raise ConfigError(f"{settings.name_of(key)} is not available: {claim_only(backend.title)}")
     jobs = collect_jobs(app, settings, backend)
-    return Deployment(settings, backend, {job.name: job for job in jobs})
+    return Deployment(settings, backend, {job.name: job for job in jobs}, app)
 
 
 def classic_task_queues_on_a_cluster(app: Any, deployment: Deployment) -> list[str] | None:
@@ -257,7 +302,7 @@ def history_streams(deployment: Deployment, jobs: Iterable[str]) -> dict[str, bo
 def delete_history_stream(deployment: Deployment, job: str) -> str:
     """Delete the history stream of ``job``, a job the deployment does not have (which deletes
     that job's history), with queue.delete on the backend's connection; return its name."""
-    if job in deployment.jobs:
+    if job in deployment.names():
         raise ConfigError(f"job {job!r} is configured: its history stream is never pruned")
     if not JOB_NAME_RE.match(job):
         raise ConfigError(f"{job!r} is not a job name")

@@ -12,7 +12,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kombu.exceptions import SerializerNotInstalled
@@ -105,6 +105,8 @@ class Job:
     #: and how long a run sent counts as busy before a worker starts it.
     overlap: str = "allow"
     overlap_queued_ms: int = 0
+    #: 0 for a job defined in code; a runtime job's version (see :mod:`anarchon_celery.runtime`).
+    version: int = 0
 
     def next_slot(self, after_ms: int) -> int:
         """The first slot strictly after ``after_ms``."""
@@ -490,21 +492,41 @@ def collect_jobs(app: Any, settings: Settings, backend: JobRules) -> list[Job]:
         raise ConfigError(f"beat_schedule must be a dict, not {type(schedule).__name__}")
     entries += list(schedule.items())
     jobs: dict[str, Job] = {}
-    registered = app.tasks
     for name, entry in entries:
         job = make_job(name, entry, settings, app_tz, leases=backend.leases, title=backend.title)
         if name in jobs:
             raise ConfigError(
                 f"two jobs are named {name!r}: give one another name (@cron(name=...) or another beat_schedule key)"
             )
-        if job.task not in registered:
-            close = difflib.get_close_matches(job.task, sorted(registered), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"job {name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
-                "Import its module in the beat process (imports/include settings)"
-            )
-        check_arguments(job, registered[job.task], app)
-        backend.check_job(job, settings.lead_ms)
+        check_runnable(job, app, settings, backend)
         jobs[name] = job
     return list(jobs.values())
+
+
+def check_runnable(job: Job, app: Any, settings: Settings, backend: JobRules) -> None:
+    """ConfigError unless ``app`` can run ``job`` on ``backend``: its task registered, its
+    arguments encoded with the task's serializer, the backend's rules kept (the safety rule...)."""
+    registered = app.tasks
+    if job.task not in registered:
+        close = difflib.get_close_matches(job.task, sorted(registered), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"job {job.name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
+            "Import its module in the beat process (imports/include settings)"
+        )
+    check_arguments(job, registered[job.task], app)
+    backend.check_job(job, settings.lead_ms)
+
+
+def runtime_job(
+    name: str, version: int, entry: Mapping[str, Any], app: Any, settings: Settings, backend: JobRules
+) -> Job:
+    """A runtime job (version ``version`` of its ``entry``), as ``app`` would run it on ``backend``:
+    validated exactly as a job of the code (:func:`make_job`, :func:`check_runnable`)."""
+    try:
+        app_tz = app.timezone
+    except Exception as exc:  # noqa: BLE001 - as collect_jobs
+        raise ConfigError(f"the app's timezone setting {app.conf.timezone!r} is not a known time zone") from exc
+    job = make_job(name, entry, settings, app_tz, leases=backend.leases, title=backend.title)
+    check_runnable(job, app, settings, backend)
+    return replace(job, version=version)

@@ -36,6 +36,10 @@ class Overlaps:
         self._events: list[tuple[str, bytes, int]] = []
         self._looked = -PENDING_POLL_S
 
+    def jobs_changed(self) -> None:
+        """Runtime jobs changed: which keep runs pending, again."""
+        self.buffered = sorted(name for name, job in self.jobs.items() if job.overlap in (BUFFER_ONE, BUFFER_ALL))
+
     def note(self, overlapped: Sequence[Overlapped], freed: Sequence[tuple[str, Freed]]) -> None:
         """Log and record the runs won but not sent (their job busy) and the runs freed."""
         for item in overlapped:

@@ -95,7 +95,8 @@ def paused(app: Any, *, deployment: Deployment | None = None) -> dict[str, Pause
     own = deployment is None
     deployment = deployment or configure(app)
     try:
-        return {name: p for name, p in deployment.backend.pauses().items() if name in deployment.jobs}
+        known = {*deployment.jobs, *deployment.runtime_defs()}
+        return {name: p for name, p in deployment.backend.pauses().items() if name in known}
     finally:
         if own:
             deployment.release()

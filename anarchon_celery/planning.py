@@ -61,6 +61,19 @@ class Plan:
         if newest is not None:
             self.queue.push(ClaimAgain(now, job.name, newest, newest))
 
+    def replan(self, changed: Mapping[str, Job | None], starts: Mapping[str, int], now: int) -> None:
+        """Runtime jobs changed (``None``: gone): their queued claims, backup tries and declares
+        are dropped, and each job still here is queued again by its schedule from its change on
+        (``starts``: when each changed; a run due since is claimed if its lateness allows)."""
+        self.queue.drop(set(changed))
+        self.prepares.drop(set(changed))
+        for name, job in changed.items():
+            if job is None:
+                self.keys.pop(name, None)
+                continue
+            self.keys[name] = catch_up_key(job) if self.backend.leases else ""
+            self.push(job, job.next_slot(max(starts.get(name, now), now - job.max_late_ms) - 1))
+
     def push(self, job: Job, slot: int) -> None:
         jitter = self._random.randint(0, job.jitter_ms) if job.jitter_ms else 0
         self.queue.push(FirstClaim(slot + jitter, job.name, slot))
@@ -121,6 +134,7 @@ class Plan:
             kind=kind,
             overlap=job.overlap if self.backend.leases else "",
             queued_ms=job.overlap_queued_ms,
+            version=job.version,
         )
 
     def claim_again(self, claim: Claim, outcome: Outcome = Outcome.AWAY) -> None:

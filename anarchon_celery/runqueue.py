@@ -117,6 +117,16 @@ class RunQueue(Generic[T]):
             taken.append(item)
         return taken
 
+    def drop(self, jobs: set[str]) -> int:
+        """Take the items of ``jobs`` off the queue; returns how many."""
+        kept = [entry for entry in self._heap if entry[2].job not in jobs]
+        dropped = len(self._heap) - len(kept)
+        if dropped:
+            heapq.heapify(kept)
+            self._heap = kept
+            self._backups = sum(isinstance(item, BackupTry) for _, _, item in kept)
+        return dropped
+
     def has_backups(self) -> bool:
         """Whether a :class:`BackupTry` is queued: this instance is a backup of some run."""
         return self._backups > 0

@@ -28,6 +28,7 @@ from .control import Deployment, check_prefix_unshared, configure
 from .errors import AnarchonError, BrokerUnavailable
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
+from .live_jobs import LiveJobs
 from .pausing import PausedRuns
 from .planning import Plan
 from .runqueue import BackupTry, Item
@@ -78,6 +79,8 @@ class Scheduler(beat.Scheduler):
         self.store_runs: StoreRuns | None = None
         #: The runs decided while their job was paused, recorded (made again by :meth:`setup_schedule`).
         self.paused_runs = PausedRuns({}, self.instance, "")
+        #: The runtime jobs, followed (made by :meth:`setup_schedule`).
+        self.live: LiveJobs | None = None
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -104,6 +107,9 @@ class Scheduler(beat.Scheduler):
         deployment, reachable = self._configure()
         backend = self.backend = deployment.backend
         self.jobs = deployment.jobs
+        self.live = LiveJobs(self.app, deployment.settings, backend, deployment.jobs)
+        if reachable:
+            self.jobs.update(self.live.start())
         self.plan = Plan(self.jobs, backend, deployment.settings.lead_ms, self._random)
         self.paused_runs = PausedRuns(self.jobs, self.instance, backend.prefix)
         start = clock.now_ms()
@@ -173,6 +179,7 @@ class Scheduler(beat.Scheduler):
         if backend is None:
             return float(self.max_interval)
         self._tend(backend)
+        self._follow_jobs(backend)
         self._run_due()
         self._run_pending()
         self.signals.deliver()  # a stop signal that came during the runs: now that they are done
@@ -191,6 +198,22 @@ class Scheduler(beat.Scheduler):
         self.tasks.keep_alive()
         if not self.tasks.failing:
             self.tasks.connect_ahead()  # lost while asleep (while the task broker is away: after the claims only)
+
+    def _follow_jobs(self, backend: Backend) -> None:
+        """Act on the runtime jobs changed since the last look: that job only, from its change on."""
+        changed, starts = self.live.poll() if self.live is not None else ({}, {})
+        if not changed:
+            return
+        for name, job in changed.items():
+            if job is None:
+                self.jobs.pop(name, None)
+            else:
+                self.jobs[name] = job
+                if job.history_size:
+                    backend.ensure_history(name, job.history_size)
+        self._plan.replan(changed, starts, clock.now_ms())
+        if self.store_runs is not None:
+            self.store_runs.jobs_changed()
 
     def _run_due(self) -> None:
         """Claim every run due now, send those won, and record them. A stop signal waits for
@@ -243,6 +266,7 @@ class Scheduler(beat.Scheduler):
             handbacks,
             self.leases.wake_within_s() if self.leases is not None else None,
             self.store_runs.wait_s() if self.store_runs is not None else None,
+            self.live.wait_s() if self.live is not None else None,
         ]
         return min(limit for limit in limits if limit is not None)
 

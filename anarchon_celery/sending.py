@@ -118,6 +118,8 @@ def run_headers(
         headers["anarchon_coalesced"] = coalesced  # a run of catch-up: the missed runs it stands for
     if job.overlap != "allow":
         headers["anarchon_overlap"] = job.overlap  # its job is protected: the worker tells its end
+    if job.version:  # a runtime job, which the worker's configuration does not have
+        headers["anarchon_history_size"] = job.history_size
     return headers
 
 

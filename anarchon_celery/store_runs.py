@@ -52,6 +52,10 @@ class StoreRuns:
         """The history events of the runs not sent, since the last call."""
         return self.catch_ups.skipped() + self.overlaps.events()
 
+    def jobs_changed(self) -> None:
+        """Runtime jobs changed (their policies with them)."""
+        self.overlaps.jobs_changed()
+
     def wait_s(self) -> float | None:
         """How soon to look for pending runs again (None: no job keeps any)."""
         return self.overlaps.wait_s()

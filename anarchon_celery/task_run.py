@@ -37,6 +37,7 @@ def run_headers_of(request: Any) -> dict[str, Any] | None:
         "token": get("anarchon_token"),  # on a backend with leases: the run's fencing token
         "coalesced": get("anarchon_coalesced"),  # a run of catch-up: the missed runs it stands for
         "overlap": get("anarchon_overlap"),  # its job's overlap policy, when it is protected
+        "history_size": get("anarchon_history_size"),  # a runtime job's (the worker's code lacks it)
     }
 
 

@@ -304,6 +304,9 @@ def commands(text: str) -> list[list[str]]:
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
+    """Every command of the shell and YAML blocks, once each, sorted: they run in this order, in one
+    vhost (the ``docs`` group runs on one worker), so that ``anarchon add JOB`` comes before the
+    ``edit`` and ``remove`` of that job."""
     seen: dict[str, tuple[str, list[str]]] = {}
     for block in of("sh"):
         for command in commands(block.text):

@@ -304,6 +304,7 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "token": None,
         "coalesced": None,
         "overlap": None,
+        "history_size": None,
     }
     # Celery may also expose message headers as request attributes.
     as_attributes = SimpleNamespace(
@@ -319,4 +320,5 @@ def test_tasks_the_scheduler_did_not_send_are_ignored() -> None:
         "token": None,
         "coalesced": None,
         "overlap": None,
+        "history_size": None,
     }

@@ -22,6 +22,7 @@ from anarchon_celery.backends.rabbitmq.control_log import fold as fold_log
 from anarchon_celery.history import encode_event, fold
 from anarchon_celery.schedule import to_ms
 
+from .support.stores import history_app_on
 from .test_backends import make_backend  # noqa: F401 - the contract's backends
 from .test_cli import celery
 from .test_faults import Fleet, sent_slots
@@ -95,9 +96,7 @@ def test_the_control_log_folds_in_order() -> None:
         {"op": "pause", "job": "c", "pause": {"nonsense": 1}},
         {"op": "resume", "job": "never-paused"},
     ]
-    found: dict[str, Pause] = {}
-    fold_log(records, found)
-    assert found == {"b": Pause("ann", 1)}
+    assert fold_log(records).pauses == {"b": Pause("ann", 1)}
 
 
 def test_a_paused_run_folds_to_status_paused() -> None:
@@ -267,14 +266,7 @@ def test_beats_stop_sending_a_paused_job_and_start_again_on_resume(
     where: str, beat_env: dict[str, str], broker_url: str, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     env = dict(beat_env, HISTORY_APP_EVERY="1", HISTORY_APP_HISTORY_SIZE="100")
-    if where == "sqlite":
-        env["HISTORY_APP_BACKEND"] = f"sqlite:///{tmp_path / 'anarchon.db'}"
-    elif where == "redis":
-        env["HISTORY_APP_BACKEND"] = request.getfixturevalue("redis_url")
-        env["HISTORY_APP_ANARCHON_PREFIX"] = request.getfixturevalue("redis_prefix")
-    elif where == "postgres":
-        env["HISTORY_APP_BACKEND"] = request.getfixturevalue("postgres_url")
-        env["HISTORY_APP_ANARCHON_PREFIX"] = request.getfixturevalue("postgres_prefix")
+    env = history_app_on(where, env, tmp_path, request)
     fleet = Fleet(tmp_path, [env] * 2)
     try:
         fleet.wait_ready()

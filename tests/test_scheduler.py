@@ -15,7 +15,15 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 import anarchon_celery
-from anarchon_celery import ConfigError, MemoryBackend, RabbitMQBackend, Scheduler, SQLiteBackend, task_id_for
+from anarchon_celery import (
+    ConfigError,
+    MemoryBackend,
+    RabbitMQBackend,
+    Scheduler,
+    SQLiteBackend,
+    live_jobs,
+    task_id_for,
+)
 from anarchon_celery import clock as clock_module
 from anarchon_celery.backends.rabbitmq import gate_name
 from anarchon_celery.connections import negotiated_heartbeat
@@ -43,6 +51,14 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(START)
     monkeypatch.setattr(clock_module, "now_ms", fake)
     return fake
+
+
+@pytest.fixture
+def no_change_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler looks for changes of runtime jobs once, at its first wake-up: the sleeps the
+    test looks at are those its runs, gates and connections ask for (a beat otherwise wakes up
+    at least every live_jobs.CHANGES_POLL_S)."""
+    monkeypatch.setattr(live_jobs, "CHANGES_POLL_S", 86_400.0)
 
 
 @pytest.fixture
@@ -201,6 +217,7 @@ def test_runs_won_are_written_at_once_from_the_first(app: Celery, clock: Clock, 
     assert sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks")) == [T0, T0 + 1000]
 
 
+@pytest.mark.usefixtures("no_change_polls")
 def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 3600.0, "jitter_ms": 0}}
     scheduler = Scheduler(app)
@@ -212,6 +229,7 @@ def test_sleeps_until_the_next_due_run(app: Celery, clock: Clock) -> None:
     scheduler.close()
 
 
+@pytest.mark.usefixtures("no_change_polls")
 def test_sleeps_no_longer_than_the_task_connection_heartbeat_allows(app: Celery, clock: Clock, prefix: str) -> None:
     # The task connection is open from the start; a backend with no heartbeat of its own (here
     # the memory one) must not let beat sleep past it, or the broker drops it while we sleep.
@@ -284,6 +302,7 @@ def test_a_burst_of_runs_due_together_is_sent_once_each(
     assert [(run.slot, run.status) for run in history] == [(T0, "sent")]
 
 
+@pytest.mark.usefixtures("no_change_polls")
 def test_gates_are_declared_lead_ms_before_their_runs(app: Celery, clock: Clock, broker_url: str, prefix: str) -> None:
     app.conf.anarchon_lead_ms = 10_000
     app.conf.beat_schedule = {"minute": {"task": "tasks.work", "schedule": 60.0, "jitter_ms": 0}}

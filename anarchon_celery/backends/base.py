@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .. import docs
 from ..errors import AnarchonError, ConfigError
 from .busy import Freed
+from .definitions import JobDef
 from .pauses import Pause  # noqa: F401 - the contract's type (documented as anarchon_celery.Pause)
 
 if TYPE_CHECKING:
@@ -117,6 +118,10 @@ class Outcome(enum.Enum):
     #: This instance decided the run, and its job is paused (see :meth:`Backend.pause`): it is
     #: not sent, and the instance records it ``paused``. Like a win, it is given to one instance.
     PAUSED = "paused"
+    #: The claim was made under another version of the job's definition than the one kept (the
+    #: job changed, or was removed, and this instance has not acted on it yet): not won, and
+    #: nobody wins it under that version.
+    STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,10 @@ class Claim:
     #: before a worker starts it (ms).
     overlap: str = ""
     queued_ms: int = 0
+    #: The version of the job's definition the claim was made under: 0 for a job defined in code;
+    #: a runtime job's (see :meth:`Backend.put_job`), which a backend that keeps the definitions
+    #: beside the runs checks in the claim (another version kept: :attr:`Outcome.STALE`).
+    version: int = 0
 
 
 #: A :class:`Claim` of a run found too late, for a job that catches up.
@@ -540,6 +549,35 @@ class Backend(abc.ABC):
     def pauses(self) -> dict[str, Pause]:
         """The jobs paused now, with their pauses (those whose ``until_ms`` passed are not).
         Opens the backend. Raises :class:`~anarchon_celery.BrokerError` when it cannot tell."""
+
+    # -- runtime jobs ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
+        """Keep the definition of the runtime job ``name`` (its ``beat_schedule`` entry, JSON values
+        only), in one atomic step with the check that ``base`` is the version kept (None: the job
+        is new): the definition kept, with its version. Checks nothing else: the caller validated
+        the entry. Opens the backend. Raises :class:`~.definitions.JobConflict` when ``base`` is
+        not the version kept, BrokerError when it could not be kept (then nothing changed)."""
+
+    @abc.abstractmethod
+    def remove_job(self, name: str, *, base: int | None) -> JobDef:
+        """Forget the runtime job ``name`` (if its version is ``base``; None: whatever it is),
+        with its pause: the definition removed. Its history and run state stay (``prune``).
+        Opens the backend. Raises JobConflict, or BrokerError."""
+
+    @abc.abstractmethod
+    def runtime_jobs(self, names: Sequence[str] | None = None) -> dict[str, JobDef]:
+        """The runtime jobs kept, by name: every one, or those of ``names`` that are kept (a
+        beat reads only the jobs that changed). Opens the backend. Raises BrokerError."""
+
+    def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        """The runtime jobs changed (added, changed or removed) since ``since``, by name, and where
+        to look from next time. ``since`` None starts: nothing changed, and where changes are
+        now. None instead of the names: the backend cannot tell, read them all
+        (:meth:`runtime_jobs`). Cheap: called about twice a second by each instance; never
+        raises (None then). The default cannot tell."""
+        return None, since
 
     # -- history --------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 from .. import clock
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .definitions import JobDef, check_change, removed
 from .pauses import Pause
 from .peers import Peers
 
@@ -36,6 +37,8 @@ class MemoryBackend(Backend):
         self._history: dict[str, deque[dict[str, Any]]] = {}
         self._peers: list[Peers] = []
         self._pauses: dict[str, Pause] = {}
+        self._defs: dict[str, JobDef] = {}
+        self._changes: list[str] = []  # the runtime jobs changed, in order
 
     def open(self) -> None:
         pass
@@ -58,8 +61,11 @@ class MemoryBackend(Backend):
             self._forget(now)
             for claim in claims:
                 key = (claim.job, claim.slot)
+                kept = self._defs.get(claim.job)
                 if claim.deadline_ms is not None and now_ms > claim.deadline_ms:
                     outcomes.append(Outcome.UNDECIDED)
+                elif claim.version and (kept is None or kept.version != claim.version):
+                    outcomes.append(Outcome.STALE)
                 elif key in self._taken:
                     outcomes.append(Outcome.LOST)
                 else:
@@ -85,6 +91,30 @@ class MemoryBackend(Backend):
         now = clock.now_ms()
         with self._lock:
             return {job: pause for job, pause in sorted(self._pauses.items()) if pause.in_effect(now)}
+
+    def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
+        with self._lock:
+            version = check_change(name, self._defs.get(name), base)
+            kept = self._defs[name] = JobDef(name, version, dict(entry), by, clock.now_ms())
+            self._changes.append(name)
+        return kept
+
+    def remove_job(self, name: str, *, base: int | None) -> JobDef:
+        with self._lock:
+            gone = removed(name, self._defs.get(name), base)
+            del self._defs[name]
+            self._pauses.pop(name, None)
+            self._changes.append(name)
+        return gone
+
+    def runtime_jobs(self, names: Sequence[str] | None = None) -> dict[str, JobDef]:
+        with self._lock:
+            return {n: d for n, d in sorted(self._defs.items()) if names is None or n in names}
+
+    def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        with self._lock:
+            end = len(self._changes)
+            return (set() if since is None else set(self._changes[since:end])), end
 
     def holder(self, job: str, slot: int) -> str | None:
         """The instance holding a slot, or None: for tests."""

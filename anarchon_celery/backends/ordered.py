@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 from .base import CATCH_UP, GAP, Claim, Outcome
 from .pauses import Pause
 
-__all__ = ["decide", "end_expired_pauses", "passed_over_kept", "resumed_cursor", "set_paused"]
+__all__ = ["decide", "decide_current", "end_expired_pauses", "passed_over_kept", "resumed_cursor", "set_paused"]
 
 
 def passed_over_kept(slot: int, now_ms: int, kept_ms: int) -> bool:
@@ -131,3 +131,27 @@ def set_paused(
         results[i] = (Outcome.PAUSED, 0)
         gaps.pop(i, None)
     return paused
+
+
+def decide_current(
+    claims: Sequence[Claim],
+    versions: Mapping[str, int],
+    now_ms: int,
+    cursors: dict[str, int | None],
+    recorded: Collection[tuple[str, int]],
+    kept_ms: int,
+    keys: dict[str, str] | None = None,
+    gaps: dict[int, int] | None = None,
+) -> list[tuple[Outcome, int]]:
+    """:func:`decide`, but a claim made under another version of its runtime job than the one kept
+    (``versions``: each runtime job's, by name; a claim's version 0 is a job defined in code) is
+    :attr:`Outcome.STALE`, and moves nothing."""
+    live = [i for i, c in enumerate(claims) if not c.version or versions.get(c.job) == c.version]
+    found: dict[int, int] = {}
+    decided = decide([claims[i] for i in live], now_ms, cursors, recorded, kept_ms, keys, found)
+    results: list[tuple[Outcome, int]] = [(Outcome.STALE, 0)] * len(claims)
+    for k, i in enumerate(live):
+        results[i] = decided[k]
+    if gaps is not None:
+        gaps.update({live[k]: after for k, after in found.items()})
+    return results

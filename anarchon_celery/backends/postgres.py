@@ -30,7 +30,7 @@ from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from . import busy
 from .base import Claim, Outcome
 from .busy import JobBusy, run_state
-from .ordered import decide, end_expired_pauses, set_paused
+from .ordered import decide_current, end_expired_pauses, set_paused
 from .pauses import PAUSED, Pause
 from .sql import SqlBackend, _first_line, _Placeholders
 from .sql_schema import POSTGRES, TABLES, columns_missing, create_sql
@@ -208,7 +208,8 @@ class PostgresBackend(SqlBackend):
             # these jobs waits for this one.
             records = self._records(_Placeholders(db, self._sql), [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
-            results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
+            versions = self._versions(_Placeholders(db, self._sql), [c.job for c in claims if c.version])
+            results = decide_current(claims, versions, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             paused = set_paused(claims, results, pauses, gaps)
             won = [i for i, (outcome, _) in enumerate(results) if outcome is Outcome.WON] + paused
             verdicts = self._admit(claims, results, states, now)

@@ -32,6 +32,7 @@ from .leases import RunRecord
 from .peers import Peers
 from .redis_busy import RedisOverlap, freed_of
 from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
+from .redis_defs import RedisDefinitions
 from .redis_pauses import RedisPauses
 from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
@@ -57,7 +58,7 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(RedisPauses, RedisOverlap, StoreBackend):
+class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -208,7 +209,7 @@ class RedisBackend(RedisPauses, RedisOverlap, StoreBackend):
         for claim in (claims[i] for i in order):
             deadline = claim.deadline_ms if claim.deadline_ms is not None else -1
             args += [claim.job, str(claim.slot), str(deadline), str(claim.backups), claim.key, claim.kind]
-            args += [claim.overlap, str(claim.queued_ms)]
+            args += [claim.overlap, str(claim.queued_ms), str(claim.version)]
         answers = self._decided(
             self._claim_script, args, "claims", lambda answer: answer.startswith((b"won", b"not:", b"paused"))
         )

@@ -15,8 +15,10 @@ from .redis_pauses import PAUSES
 # cluster). ARGV: prefix, instance, slot_ttl_ms, recover (a '1' or '0' per claim, in order; 1: a run
 # this instance holds already counts as won, with the gap its win left: the answer of an earlier
 # try was lost), lease_ms, then job, slot, deadline (-1: none), backups wanted, catch-up key ('' :
-# none), kind ('', 'catch_up' or 'gap'), overlap policy ('' : allow) and queued_ms for each claim.
-# Returns, per claim: "won", "won:<cursor>" (the win left a gap after that cursor), "paused" (won,
+# none), kind ('', 'catch_up' or 'gap'), overlap policy ('' : allow), queued_ms and the version of the
+# job's definition (0: defined in code; else checked against <prefix>defs) for each claim.
+# Returns, per claim: "stale" (made under another version of its runtime job than the one kept),
+# "won", "won:<cursor>" (the win left a gap after that cursor), "paused" (won,
 # its job paused: not sent, see redis_pauses), "not:<verdict>"
 # or "not:<verdict>:<cursor>" (won, not sent: its job is busy, see busy.admit), "lost",
 # "undecided:<ms>", "early:<ms>" or "backup:<ms left on the lease>:<rank>" (lost, and armed as a
@@ -32,6 +34,20 @@ local prefix, instance, ttl, recovering, lease = ARGV[1], ARGV[2], tonumber(ARGV
     + """
 local out = {}
 local i = 6
+local versions = {}
+-- The version of the runtime job's definition kept (0: none).
+local function defined_version(job)
+  if versions[job] == nil then
+    local text = redis.call('HGET', prefix .. 'defs', job)
+    local found = 0
+    if text then
+      local ok, d = pcall(cjson.decode, text)
+      if ok and type(d) == 'table' then found = tonumber(d['v']) or 0 end
+    end
+    versions[job] = found
+  end
+  return versions[job]
+end
 -- A run won: recorded, and admitted by its job's overlap policy (unless it is paused); its answer.
 local function record(run_key, deadline_text, after, job, slot, policy, queued_ms)
   if paused(job) then
@@ -58,13 +74,16 @@ end
 while i <= #ARGV do
   local job, slot_text, deadline, wanted = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local key, kind, policy, queued_ms = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], tonumber(ARGV[i + 7])
+  local version = tonumber(ARGV[i + 8])
   local recover = recovering:sub(#out + 1, #out + 1) == '1'
   local slot = tonumber(slot_text)
   local cursor_key = prefix .. 'cursor.' .. job
   local key_key = prefix .. 'catchup.' .. job
   local run_key = prefix .. 'run.' .. job .. '.' .. slot_text
   paused(job)  -- (first: a pause that ran out moves the cursor)
-  if deadline >= 0 and now > deadline then
+  if version > 0 and defined_version(job) ~= version then
+    out[#out + 1] = 'stale'
+  elseif deadline >= 0 and now > deadline then
     out[#out + 1] = 'undecided:' .. string.format('%d', now - deadline)
   elseif now < slot then
     out[#out + 1] = 'early:' .. string.format('%d', slot - now)
@@ -119,7 +138,7 @@ while i <= #ARGV do
       out[#out + 1] = record(run_key, ARGV[i + 2], after, job, slot, policy, queued_ms)
     end
   end
-  i = i + 8
+  i = i + 9
 end
 for k = 1, #freed do out[#out + 1] = freed[k] end
 return out

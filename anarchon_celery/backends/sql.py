@@ -20,6 +20,7 @@ from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
 from .sql_busy import SqlOverlap
+from .sql_defs import SqlDefinitions
 from .sql_pauses import SqlPauses
 from .store import Answer, StoreBackend
 
@@ -33,7 +34,7 @@ PEERS_KEPT_MS = 86_400_000
 PRUNE_EVERY_S = 60.0
 
 
-class SqlBackend(SqlPauses, SqlOverlap, StoreBackend):
+class SqlBackend(SqlDefinitions, SqlPauses, SqlOverlap, StoreBackend):
     """Rows of runs won, history and job definitions, in a SQL database."""
 
     #: The driver's placeholder, for the ``?`` of the statements below.
@@ -62,6 +63,11 @@ class SqlBackend(SqlPauses, SqlOverlap, StoreBackend):
         """A transaction whose statements take ``?`` placeholders."""
         with self._transaction() as db:
             yield _Placeholders(db, self._sql)
+
+    def _reading(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a read that changes nothing is made: a transaction by default (SQLite reads
+        without taking its write lock)."""
+        return self._rows()
 
     def _now(self, db: Any) -> int:
         """The store's clock, read in ``db``'s transaction."""

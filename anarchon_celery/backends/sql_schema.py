@@ -115,6 +115,29 @@ TABLES = (
         key=("prefix", "job", "slot"),
     ),
     Table(
+        "anarchon_defs",  # runtime jobs (celery anarchon add)
+        (
+            Column("prefix", "text"),
+            Column("job", "text"),
+            Column("version", "bigint", comment="1, then +1 at each change"),
+            Column("entry", "text", comment="its beat_schedule entry, as JSON"),
+            Column("author", "text", comment="who made this version"),
+            Column("at_ms", "bigint", comment="when, on the store's clock"),
+        ),
+        key=("prefix", "job"),
+    ),
+    Table(
+        "anarchon_changes",  # each change of a runtime job, in order, for the instances to act on
+        (
+            Column("id", "id"),
+            Column("prefix", "text"),
+            Column("job", "text"),
+            Column("version", "bigint", comment="the version made; 0: removed"),
+            Column("at_ms", "bigint"),
+        ),
+        indexes=(("anarchon_changes_prefix", "prefix, id"),),
+    ),
+    Table(
         "anarchon_events",
         (Column("id", "id"), Column("prefix", "text"), Column("job", "text"), Column("event", "text")),
         indexes=(("anarchon_events_job", "prefix, job, id"),),

@@ -30,9 +30,9 @@ from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from .base import Claim, Outcome
 from .busy import JobBusy, run_state
-from .ordered import decide, end_expired_pauses, set_paused
+from .ordered import decide_current, end_expired_pauses, set_paused
 from .pauses import PAUSED, Pause
-from .sql import SqlBackend
+from .sql import SqlBackend, _Placeholders
 from .sql_schema import SQLITE, TABLES, columns_missing, create_sql
 from .store import DEFAULT_LEASE_MS, Answer
 
@@ -265,6 +265,12 @@ class SQLiteBackend(SqlBackend):
                         db.execute("ROLLBACK")
                 raise
 
+    @contextlib.contextmanager
+    def _reading(self) -> Any:
+        """A read in autocommit, without the write lock that ``BEGIN IMMEDIATE`` takes."""
+        with self._lock:
+            yield _Placeholders(self._connection(), self._sql)
+
     # -- claims ---------------------------------------------------------------------------------
 
     def _decide(self, claims: Sequence[Claim], instance: str, recover: Collection[tuple[str, int]]) -> list[Answer]:
@@ -288,7 +294,8 @@ class SQLiteBackend(SqlBackend):
             resumed = end_expired_pauses(pauses, cursors, now)
             records = self._records(db, [(c.job, c.slot) for c in claims])
             gaps: dict[int, int] = {}
-            results = decide(claims, now, cursors, records, self.slot_ttl_ms, keys, gaps)
+            versions = self._versions(db, [c.job for c in claims if c.version])
+            results = decide_current(claims, versions, now, cursors, records, self.slot_ttl_ms, keys, gaps)
             paused = set_paused(claims, results, pauses, gaps)
             verdicts = self._admit(claims, results, states, now)
             moved = [

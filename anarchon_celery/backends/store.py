@@ -42,6 +42,7 @@ from .base import (
     check_slot_ttl,
 )
 from .busy import Freed
+from .definitions import JobDef
 from .pauses import Pause
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
@@ -377,20 +378,53 @@ class StoreBackend(Backend, LeaseStore, JobState):
     # -- pauses ---------------------------------------------------------------------------------
 
     def pause(self, job: str, pause: Pause) -> None:
-        self._pause_step(f"pause job {job!r}", lambda: self._pause(job, pause))
+        self._control_step(f"pause job {job!r}", lambda: self._pause(job, pause))
 
     def resume(self, job: str) -> Pause | None:
-        return self._pause_step(f"resume job {job!r}", lambda: self._resume(job))
+        return self._control_step(f"resume job {job!r}", lambda: self._resume(job))
 
     def pauses(self) -> dict[str, Pause]:
-        return self._pause_step("read the jobs paused", self._pauses)
+        return self._control_step("read the jobs paused", self._pauses)
 
-    def _pause_step(self, what: str, step: Callable[[], T]) -> T:
+    def _control_step(self, what: str, step: Callable[[], T]) -> T:
         self.open()
         try:
             return step()
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             raise BrokerUnavailable(f"{self.describe()} cannot {what}: {type(exc).__name__}: {exc}") from exc
+
+    def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
+        return self._control_step(f"keep job {name!r}", lambda: self._put_job(name, entry, base, by))
+
+    def remove_job(self, name: str, *, base: int | None) -> JobDef:
+        return self._control_step(f"remove job {name!r}", lambda: self._remove_job(name, base))
+
+    def runtime_jobs(self, names: Sequence[str] | None = None) -> dict[str, JobDef]:
+        return self._control_step("read the runtime jobs", lambda: self._runtime_jobs(names))
+
+    def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        try:
+            return self._job_changes(since)
+        except (*self.answer_lost_errors, *self.failure_errors) as exc:
+            logger.debug("anarchon: changes of runtime jobs not read from %s (%s)", self.describe(), exc)
+            return None, since
+
+    @abc.abstractmethod
+    def _put_job(self, name: str, entry: Mapping[str, Any], base: int | None, by: str) -> JobDef:
+        """See :meth:`put_job`: :func:`.definitions.check_change` and the write, in one atomic
+        step (with a change told to :meth:`job_changes`); may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _remove_job(self, name: str, base: int | None) -> JobDef:
+        """See :meth:`remove_job`, in one atomic step; may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _runtime_jobs(self, names: Sequence[str] | None) -> dict[str, JobDef]:
+        """See :meth:`runtime_jobs`; may raise the store's errors."""
+
+    @abc.abstractmethod
+    def _job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        """See :meth:`job_changes`; may raise the store's errors."""
 
     @abc.abstractmethod
     def _pause(self, job: str, pause: Pause) -> None:

@@ -132,9 +132,15 @@ class _Writer:
 
     # -- the tasks' side ------------------------------------------------------------------------
 
-    def history_size(self, job: str) -> int:
+    def history_size(self, job: str, told: Any = None) -> int:
+        """The job's history size: a job of the code's, else the one its message tells (a
+        runtime job's), else the default."""
         spec = self.deployment.jobs.get(job)
-        return spec.history_size if spec else self.deployment.settings.history_size
+        if spec is not None:
+            return spec.history_size
+        if isinstance(told, int) and not isinstance(told, bool) and told >= 0:
+            return told
+        return self.deployment.settings.history_size
 
     def put(self, job: str, body: bytes, history_size: int) -> None:
         with self._cond:
@@ -383,7 +389,7 @@ def _record(task: Any, request: Any, event: str, **fields: Any) -> None:
         if run is None or not run["job"]:
             return
         writer = _writer(task.app)
-        history_size = writer.history_size(run["job"])
+        history_size = writer.history_size(run["job"], run["history_size"])
         if not history_size:
             return  # the job keeps no history
         if event == "running" and run["instance"]:

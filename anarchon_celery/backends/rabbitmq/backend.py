@@ -15,11 +15,12 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ... import docs
+from ... import clock, docs
 from ...connections import keep_alive, negotiated_heartbeat
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ...jobs import Job, live_gates
 from ..base import Backend, Claim, Finding, Outcome, StreamHistory, check_prefix, check_slot_ttl
+from ..definitions import JobConflict, JobDef
 from ..pauses import Pause
 from . import survey
 from .ahead import DeclaresAhead
@@ -335,6 +336,41 @@ class RabbitMQBackend(Backend, StreamHistory):
         self.open()
         return self._control.pauses()
 
+    # -- runtime jobs ---------------------------------------------------------------------------
+
+    def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
+        """Appended to the control log, then read back: every instance, reading the log in the
+        same order, accepts the same changes (each based on the version kept at its point)."""
+        self.open()
+        at = clock.now_ms()
+        state, accepted = self._control.change(
+            {"op": "put", "job": name, "base": base, "entry": dict(entry), "by": by, "at": at}
+        )
+        if not accepted:
+            kept = state.defs.get(name)
+            raise JobConflict(name, base, None if kept is None else kept.version)
+        return JobDef(name, 1 if base is None else base + 1, dict(entry), by, at)
+
+    def remove_job(self, name: str, *, base: int | None) -> JobDef:
+        self.open()
+        before = self._control.read().defs.get(name)
+        state, accepted = self._control.change({"op": "remove", "job": name, "base": base})
+        if not accepted:
+            kept = state.defs.get(name)
+            raise JobConflict(name, base if base is not None else 0, None if kept is None else kept.version)
+        return before if before is not None else JobDef(name, base or 0)
+
+    def runtime_jobs(self, names: Sequence[str] | None = None) -> dict[str, JobDef]:
+        """Read from the control log; those of ``names`` from the log as this instance follows it
+        (a beat: see :meth:`job_changes`), once it does."""
+        self.open()
+        defs = self._control.view.defs if names is not None and self._control.following else self._control.read().defs
+        return {n: d for n, d in sorted(defs.items()) if names is None or n in names}
+
+    def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        """As this instance has read the control log, which it follows (see :mod:`.control_log`)."""
+        return self._control.changes(since)
+
     # -- the claim ----------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[Claim]) -> None:
@@ -376,14 +412,24 @@ class RabbitMQBackend(Backend, StreamHistory):
                 paused[key] = control.paused(claim.job)
             return paused[key]
 
+        def is_stale(claim: Claim) -> bool:  # (the instance read a change since it planned the claim)
+            return bool(claim.version) and control.version(claim.job) != claim.version
+
+        stale = {(claim.job, claim.slot) for claim in claims if is_stale(claim)}
+        live = [claim for claim in claims if (claim.job, claim.slot) not in stale]
+
         def won(claim: Claim) -> None:
             if on_won is not None and not is_paused(claim):
                 on_won(claim)
 
-        outcomes = self._claimer.claim(claims, instance, on_won=won)
+        outcomes = dict(zip(live, self._claimer.claim(live, instance, on_won=won) if live else []))
         return [
-            Outcome.PAUSED if outcome is Outcome.WON and is_paused(claim) else outcome
-            for claim, outcome in zip(claims, outcomes)
+            Outcome.STALE
+            if claim not in outcomes
+            else Outcome.PAUSED
+            if outcomes[claim] is Outcome.WON and is_paused(claim)
+            else outcomes[claim]
+            for claim in claims
         ]
 
     def _declare_gates(self, gates: list[str]) -> list[Outcome | None]:

@@ -19,6 +19,7 @@ import amqp
 
 from ... import clock
 from ...errors import BrokerError
+from ..definitions import JobConflict, JobDef, check_change
 from ..pauses import Pause
 from .declaring import declare_adopting
 from .link import Link
@@ -51,15 +52,67 @@ def _decode(body: bytes) -> dict[str, Any] | None:
     return record
 
 
-def fold(records: list[dict[str, Any]], into: dict[str, Pause]) -> None:
-    """Apply the log's records, in log order, to the pauses ``into`` (by job)."""
-    for record in records:
-        if record.get("op") == "pause":
+class LogState:
+    """What the control log says, folded in log order: the pauses and the runtime jobs, the
+    changes accepted (by their ``id``), and the runtime jobs changed, in order (:attr:`changed`).
+
+    A change of a runtime job is accepted only when the version it is based on (``base``) is the
+    one kept at that point of the log, so that every instance, reading the same log, accepts the
+    same changes; the writer reads the log back to learn whether its change was."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[str, Pause] = {}
+        self.defs: dict[str, JobDef] = {}
+        self.accepted: dict[str, bool] = {}  # by the id of each change of a runtime job
+        self.changed: list[str] = []
+
+    def apply(self, record: dict[str, Any]) -> str | None:
+        """Apply one record; the job whose pause or definition it changed, if any."""
+        job, op = record["job"], record.get("op")
+        if op == "pause":
             pause = Pause.decode(json.dumps(record.get("pause")))
-            if pause is not None:
-                into[record["job"]] = pause
-        elif record.get("op") == "resume":
-            into.pop(record["job"], None)
+            if pause is None:
+                return None
+            self.pauses[job] = pause
+        elif op == "resume":
+            if self.pauses.pop(job, None) is None:
+                return None
+        elif op in ("put", "remove"):
+            return self._change(job, op, record)
+        else:
+            return None
+        return job
+
+    def _change(self, job: str, op: str, record: dict[str, Any]) -> str | None:
+        base = record.get("base")
+        kept = self.defs.get(job)
+        accepted = False
+        if op == "put" and isinstance(record.get("entry"), dict):
+            with contextlib.suppress(JobConflict):
+                version = check_change(job, kept, base if isinstance(base, int) else None)
+                at = record.get("at")
+                self.defs[job] = JobDef(
+                    job, version, record["entry"], str(record.get("by", "")), at if isinstance(at, int) else 0
+                )
+                accepted = True
+        elif op == "remove" and kept is not None and (base is None or base == kept.version):
+            del self.defs[job]
+            self.pauses.pop(job, None)
+            accepted = True
+        if isinstance(record.get("id"), str):
+            self.accepted[record["id"]] = accepted
+        if accepted:
+            self.changed.append(job)
+            return job
+        return None
+
+
+def fold(records: list[dict[str, Any]], into: LogState | None = None) -> LogState:
+    """Apply the log's records, in log order, to ``into`` (a new state by default)."""
+    state = LogState() if into is None else into
+    for record in records:
+        state.apply(record)
+    return state
 
 
 class ControlLog:
@@ -68,8 +121,8 @@ class ControlLog:
     def __init__(self, link: Link, prefix: str) -> None:
         self.link = link
         self.name = log_name(prefix)
-        #: The pauses as this instance has read them (followed: see :meth:`follow`).
-        self.view: dict[str, Pause] = {}
+        #: The pauses and runtime jobs as this instance has read them (followed: see :meth:`follow`).
+        self.view = LogState()
         self._offset = -1  # the last record folded into the view
         self._read = False
         self._channel: amqp.Channel | None = None
@@ -115,13 +168,15 @@ class ControlLog:
                 f"RabbitMQ did not keep the change in {self.name!r} ({type(exc).__name__}: {exc})"
             ) from exc
 
+    def read(self) -> LogState:
+        """The log, read to its end."""
+        records, _ = read_streams(self.link, {"log": self.name}, 0.5, _decode)
+        return fold(records["log"])
+
     def pauses(self) -> dict[str, Pause]:
         """The pauses kept in the log, read to its end (those in effect now)."""
-        records, _ = read_streams(self.link, {"log": self.name}, 0.5, _decode)
-        found: dict[str, Pause] = {}
-        fold(records["log"], found)
         now = clock.now_ms()
-        return {job: pause for job, pause in sorted(found.items()) if pause.in_effect(now)}
+        return {job: pause for job, pause in sorted(self.read().pauses.items()) if pause.in_effect(now)}
 
     def follow(self, *, read: bool = True) -> None:
         """Keep :attr:`view` up to date: read the log to its end the first time (unless ``read``
@@ -139,6 +194,7 @@ class ControlLog:
             if not self._read:
                 records, reached = read_streams(self.link, {"log": self.name}, 0.5, _decode)
                 fold(records["log"], self.view)
+                self.view.changed.clear()  # (what was there at start is not a change)
                 self._offset = reached.get("log", -1)
                 self._read = True
             raw = self.link.connect(self.link.confirm_timeout)
@@ -182,20 +238,47 @@ class ControlLog:
                 return  # (read already)
             self._offset = offset
         record = _decode(message.body)
-        if record is not None:
-            before = self.view.get(record["job"])
-            fold([record], self.view)
-            if self.view.get(record["job"]) != before:
-                logger.info(
-                    "anarchon: job %r %s",
-                    record["job"],
-                    f"paused by {self.view[record['job']].by}" if record["job"] in self.view else "resumed",
-                )
+        if record is None:
+            return
+        job = self.view.apply(record)
+        if job is not None and record.get("op") in ("pause", "resume"):
+            pause = self.view.pauses.get(job)
+            logger.info("anarchon: job %r %s", job, f"paused by {pause.by}" if pause else "resumed")
 
     def paused(self, job: str) -> bool:
         """Whether ``job`` is paused now, as this instance has read the log."""
-        pause = self.view.get(job)
+        pause = self.view.pauses.get(job)
         return pause is not None and pause.in_effect(clock.now_ms())
+
+    @property
+    def following(self) -> bool:
+        """Whether :attr:`view` has read the log (and follows it since)."""
+        return self._read
+
+    def version(self, job: str) -> int:
+        """The version of the runtime job ``job`` as this instance has read it (0: none)."""
+        kept = self.view.defs.get(job)
+        return 0 if kept is None else kept.version
+
+    def changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        """The runtime jobs changed since ``since`` as this instance has read the log (see
+        :meth:`~..base.Backend.job_changes`): None while it has not read it yet."""
+        if not self._read:
+            return None, since
+        end = len(self.view.changed)
+        return (set() if since is None else set(self.view.changed[since:end])), end
+
+    def change(self, record: dict[str, Any]) -> tuple[LogState, bool]:
+        """Append a change of a runtime job (with an id of its own) and read the log back to its
+        end: the state then, and whether the change was accepted."""
+        record = {**record, "id": uuid.uuid4().hex}
+        self.append(record)
+        state = self.read()
+        if record["id"] not in state.accepted:
+            raise BrokerError(
+                f"the change of job {record['job']!r} was kept in {self.name!r} but could not be read back"
+            )
+        return state, state.accepted[record["id"]]
 
     def close(self) -> None:
         """Stop following on a connection that stays open (the caller's)."""
