@@ -10,11 +10,12 @@ from typing import Any
 import click
 
 from .backends.definitions import JobDef
-from .cli import _app, _deployment, _fail_cleanly, _iso, anarchon, json_option, pause_dict
+from .cli import _app, _deployment, _emit, _fail_cleanly, _iso, anarchon, json_option, pause_dict
+from .importing import import_django_celery_beat
 from .pausing import pause, resume
 from .runtime import add_job, remove_job, update_job
 
-__all__ = ["add_command", "edit_command", "pause_command", "remove_command", "resume_command"]
+__all__ = ["add_command", "edit_command", "import_command", "pause_command", "remove_command", "resume_command"]
 
 
 @anarchon.command(name="pause")
@@ -82,7 +83,8 @@ def _job_options(*, edit: bool) -> Callable[[Callable[..., Any]], Callable[..., 
             "--schedule",
             required=not edit,
             metavar="SPEC",
-            help="A cron spec or macro (such as '@daily'), or a number of seconds (an interval aligned to the epoch).",
+            help="A cron spec or macro (such as '@daily'), a number of seconds (an interval aligned to the epoch), "
+            'or a Celery crontab as JSON, {"crontab": "0 9 1-7 0 1"} (both day fields must match).',
         ),
         click.option("--args", "args_json", metavar="JSON", help="The task's positional arguments: a JSON list."),
         click.option("--kwargs", "kwargs_json", metavar="JSON", help="The task's keyword arguments: a JSON object."),
@@ -125,7 +127,9 @@ def _json(value: str, what: str, kind: type) -> Any:
 
 
 def _schedule(text: str) -> Any:
-    """A number of seconds, or a cron spec."""
+    """A number of seconds, a JSON object (``{"crontab": "0 9 1-7 * 1"}``), or a cron spec."""
+    if text.lstrip().startswith("{"):
+        return _json(text, "--schedule", dict)
     try:
         number = float(text)
     except ValueError:
@@ -223,3 +227,32 @@ def remove_command(ctx: click.Context, job: str, if_version: int | None, as_json
     with _deployment(ctx) as deployment:
         gone = remove_job(_app(ctx), job, if_version=if_version, deployment=deployment)
     _said(gone, "removed", as_json)
+
+
+@anarchon.command(name="import-django-celery-beat")
+@click.option(
+    "--database",
+    required=True,
+    metavar="URL",
+    help="django-celery-beat's database: sqlite:///PATH or postgresql://USER@HOST/DB.",
+)
+@click.option("--yes", is_flag=True, help="Add the jobs. Without it, list what would be added (a dry run).")
+@click.option("--by", help="Who makes the change (default: user@host).")
+@json_option
+@click.pass_context
+@_fail_cleanly
+def import_command(ctx: click.Context, database: str, yes: bool, by: str | None, as_json: bool) -> None:
+    """Make runtime jobs of django-celery-beat's PeriodicTask rows (a dry run unless --yes). Each row
+    is listed with what becomes of it: a crontab or an interval becomes a job (a disabled task is
+    added paused); what cannot map (one-off, clocked, solar, a task this app does not have) is
+    listed with why, never dropped silently."""
+    with _deployment(ctx) as deployment:
+        found = import_django_celery_beat(_app(ctx), database, apply=yes, by=by, deployment=deployment)
+    rows = []
+    for item in found:
+        action = f"{item.action}: {item.reason}" if item.reason else item.action
+        if item.paused and item.entry is not None:
+            action += " (paused: disabled there)"
+        schedule = None if item.entry is None else item.entry["schedule"]
+        rows.append([item.source, item.job, schedule, action, "; ".join(item.notes) or None])
+    _emit(as_json, [item.as_dict() for item in found], rows, ["PERIODIC TASK", "JOB", "SCHEDULE", "ACTION", "NOTES"])

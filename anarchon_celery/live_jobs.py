@@ -1,9 +1,9 @@
 """The runtime jobs of one beat instance (see :mod:`.runtime`): read at start, then followed. About
 twice a second the instance asks the backend which runtime jobs changed since it last looked, reads
 those only, and hands the scheduler the jobs to run from now on (``None``: no more), so that a
-change is acted on job by job, never by reloading them all. Every :data:`FULL_CHECK_S` it reads
-them all and compares the versions, in case a change was missed (a backend that could not tell,
-a connection lost at the wrong moment).
+change is acted on job by job, never by reloading them all. Every ``anarchon_runtime_check_ms``
+(30 s) it reads them all and compares the versions, in case a change was missed (a backend that
+could not tell, a connection lost at the wrong moment, a change told and lost).
 
 A runtime job this instance cannot run (its task not registered here, a job of the code with its
 name) is reported once per version, loudly, and left to the instances that can.
@@ -22,14 +22,12 @@ from .errors import AnarchonError, ConfigError
 from .jobs import Job, runtime_job
 from .settings import Settings
 
-__all__ = ["CHANGES_POLL_S", "FULL_CHECK_S", "LiveJobs"]
+__all__ = ["CHANGES_POLL_S", "LiveJobs"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two looks for changes of runtime jobs.
 CHANGES_POLL_S = 0.5
-#: Seconds between two reads of every runtime job, the fallback for a change missed.
-FULL_CHECK_S = 30.0
 
 
 class LiveJobs:
@@ -37,6 +35,8 @@ class LiveJobs:
 
     def __init__(self, app: Any, settings: Settings, backend: Backend, code_jobs: Mapping[str, Job]) -> None:
         self.app, self.settings, self.backend = app, settings, backend
+        #: Seconds between two reads of every runtime job, the fallback for a change missed.
+        self.full_check_s = settings.runtime_check_ms / 1000
         self.code_jobs = set(code_jobs)
         #: The version of each runtime job known (run here or not), by name.
         self.versions: dict[str, int] = {}
@@ -56,8 +56,8 @@ class LiveJobs:
         try:
             defs = self.backend.runtime_jobs()
         except AnarchonError as exc:
-            logger.warning("anarchon: runtime jobs not read yet (%s); read again within %gs", exc, FULL_CHECK_S)
-            self._checked = -FULL_CHECK_S
+            logger.warning("anarchon: runtime jobs not read yet (%s); read again within %gs", exc, self.full_check_s)
+            self._checked = -self.full_check_s
             return {}
         self._started = True
         changed, _ = self._apply(defs, set(defs))
@@ -72,16 +72,16 @@ class LiveJobs:
         each one to run from now on (``None``: no more), and when each changed (the store's time,
         epoch milliseconds)."""
         now = time.monotonic()
-        if now < self._looked + CHANGES_POLL_S:
+        if now < self._looked + CHANGES_POLL_S or self.backend.in_outage():  # (the claims find its end)
             return {}, {}
         self._looked = now
         if self._since is None:  # the backend could not tell where changes were: from now on, all read
             _, self._since = self.backend.job_changes(None)
-            if self._since is not None or now - self._checked >= FULL_CHECK_S:
+            if self._since is not None or now - self._checked >= self.full_check_s:
                 return self._full_check(now)
             return {}, {}
         names, self._since = self.backend.job_changes(self._since)
-        if names is None or now - self._checked >= FULL_CHECK_S:
+        if names is None or now - self._checked >= self.full_check_s:
             return self._full_check(now)
         if not names:
             return {}, {}
@@ -89,7 +89,7 @@ class LiveJobs:
             defs = self.backend.runtime_jobs(sorted(names))
         except AnarchonError as exc:
             logger.warning("anarchon: runtime jobs %s changed, not read yet (%s)", ", ".join(sorted(names)), exc)
-            self._checked = -FULL_CHECK_S  # (read them all at the next look)
+            self._checked = -self.full_check_s  # (read them all at the next look)
             return {}, {}
         return self._apply(defs, names)
 

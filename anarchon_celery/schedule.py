@@ -25,7 +25,7 @@ import abc
 import collections
 import copy
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -316,6 +316,8 @@ def parse_schedule(value: Any, tz: Any = "UTC") -> Schedule:
         return value
     if isinstance(value, str):
         return Cron(value, tz)
+    if isinstance(value, Mapping) and set(value) == {"crontab"}:  # a Celery crontab, as JSON holds it
+        value = _crontab_of(value["crontab"])
     if isinstance(value, celery_schedules.crontab):
         return _from_crontab(value, resolve_tz(tz))
     if isinstance(value, celery_schedules.solar):
@@ -335,5 +337,23 @@ def parse_schedule(value: Any, tz: Any = "UTC") -> Schedule:
             raise ConfigError(f"interval of {value!r} s is not a whole number of milliseconds")
         return Interval(every_ms)
     raise ConfigError(
-        f"unsupported schedule {value!r}: use a cron string, a Celery crontab, a timedelta or a number of seconds"
+        f"unsupported schedule {value!r}: use a cron string, a Celery crontab ({{'crontab': 'm h dom mon dow'}} "
+        "in JSON), a timedelta or a number of seconds"
     )
+
+
+def _crontab_of(fields: Any) -> Any:
+    """A Celery ``crontab`` of its five fields, written as a cron string (``"0 9 1-7 * 1"``): day of
+    month and day of week must then both match, as in Celery (a cron string runs on either)."""
+    from celery import schedules as celery_schedules
+
+    parts = fields.split() if isinstance(fields, str) else []
+    if len(parts) != 5:
+        raise ConfigError(f"a crontab is five fields, minute hour day-of-month month day-of-week, not {fields!r}")
+    minute, hour, day_of_month, month_of_year, day_of_week = parts
+    try:
+        return celery_schedules.crontab(
+            minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year, day_of_week=day_of_week
+        )
+    except ValueError as exc:
+        raise ConfigError(f"crontab {fields!r}: {exc}") from None

@@ -178,10 +178,12 @@ class Scheduler(beat.Scheduler):
         backend = self.backend
         if backend is None:
             return float(self.max_interval)
+        self._stop_if_closed()
         self._tend(backend)
-        self._follow_jobs(backend)
         self._run_due()
         self._run_pending()
+        self._follow_jobs(backend)  # (after the runs due: a look never holds them up)
+        self._stop_if_closed()
         self.signals.deliver()  # a stop signal that came during the runs: now that they are done
         self._prepare(backend)
         self.tasks.connect_ahead()  # lost during the sends: not at the next runs' expense
@@ -198,6 +200,13 @@ class Scheduler(beat.Scheduler):
         self.tasks.keep_alive()
         if not self.tasks.failing:
             self.tasks.connect_ahead()  # lost while asleep (while the task broker is away: after the claims only)
+
+    def _stop_if_closed(self) -> None:
+        """A stop signal's handler closed the scheduler and raised SystemExit inside a broker
+        wait, where the socket it closed can raise an error that replaces it (py-amqp's
+        ``having_timeout``): the beat must stop all the same, never reconnect."""
+        if getattr(self, "_closed", False):
+            raise SystemExit()
 
     def _follow_jobs(self, backend: Backend) -> None:
         """Act on the runtime jobs changed since the last look: that job only, from its change on."""

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_overlap": "allow",
     "anarchon_overlap_lease_ms": 30_000,
     "anarchon_overlap_queued_ms": 3_600_000,
+    "anarchon_runtime_check_ms": 30_000,
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
@@ -71,6 +72,7 @@ MINIMUMS: dict[str, int] = {
     "catch_up_window_ms": 1_000,
     "overlap_lease_ms": 1_000,
     "overlap_queued_ms": 1_000,
+    "runtime_check_ms": 1_000,
 }
 
 _OURS = "anarchon_"
@@ -218,6 +220,9 @@ class Settings:
     overlap: str = "allow"
     overlap_lease_ms: int = 30_000
     overlap_queued_ms: int = 3_600_000
+    #: How often each instance compares every runtime job's version with those it runs: how soon
+    #: it acts on a change it was not told of (it is told of each within about a second).
+    runtime_check_ms: int = 30_000
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
     #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.

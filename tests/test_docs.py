@@ -46,6 +46,7 @@ from anarchon_celery.jobs import JOB_KEYS, REFUSED_KEYS
 from anarchon_celery.settings import DEFAULTS
 
 from .support import broker_control
+from .support.django_beat import make_database
 from .support.processes import wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -369,6 +370,13 @@ def test_celery_commands_run(where: str, command: list[str], vhost: str, tmp_pat
     assert command[1] == "-A" and (EXAMPLES / f"{command[2]}.py").exists(), f"{where}: -A names a docs/examples project"
     env = dict(_environment(vhost), PROJ_DB=str(tmp_path / "anarchon.db"))  # proj_sqlite's store
     long_running = next((word for word in command[3:] if word in _STARTED), None)
+    if "import-django-celery-beat" in command:  # from a django-celery-beat database, made in its directory
+        pytest.importorskip("django_celery_beat", reason="needs django-celery-beat (the test extra)")
+        make_database(tmp_path, {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "db.sqlite3")})
+        env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{EXAMPLES}"
+        done = run(command, cwd=tmp_path, env=env)
+        assert done.returncode == 0, f"{where}: {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
+        return
     if long_running is None or "anarchon" in command:
         done = run(command, cwd=EXAMPLES, env=env)
         assert done.returncode == 0, f"{where}: {shlex.join(command)}\n{done.stdout}\n{done.stderr}"

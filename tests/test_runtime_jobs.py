@@ -5,8 +5,12 @@ changes made from the command line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
+import logging
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ from anarchon_celery.runqueue import BackupTry, FirstClaim, RunQueue
 
 from .support.stores import history_app_on
 from .test_backends import make_backend  # noqa: F401 - the contract's backends
-from .test_cli import celery
+from .test_cli import APP, ROOT, celery
 from .test_faults import Fleet
 from .test_jobs import make_app
 from .test_scheduler import T0, Clock, run_until, sent
@@ -231,41 +235,54 @@ def test_an_edit_that_makes_a_job_invalid_is_refused_and_the_old_one_stays() -> 
 # -- races and real beats -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["memory", "sqlite", "redis", "postgres", "rabbitmq"])
-def test_two_operators_editing_one_job_at_once_one_wins_the_other_is_told(
-    where: str, tmp_path: Path, request: pytest.FixtureRequest
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.parametrize("where", ["rabbitmq", "sqlite", "redis", "postgres"])
+def test_two_operators_editing_one_job_at_once_one_wins_the_others_are_told(
+    where: str, beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    app = _app()
-    if where == "sqlite":
-        app.conf.anarchon_backend = f"sqlite:///{tmp_path / 'anarchon.db'}"
-    elif where != "memory":
-        url = request.getfixturevalue(
-            {"redis": "redis_url", "postgres": "postgres_url", "rabbitmq": "broker_url"}[where]
+    """Four ``edit`` commands at once, each on the version 1 they read: one wins, three are told."""
+    env = history_app_on(where, beat_env, tmp_path, request)
+    added = celery(env, "anarchon", "add", "extra", "--task", "history_app.fine", "--schedule", "60")
+    assert added.returncode == 0, added.stderr
+    edits = [
+        subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", APP, "anarchon", "edit", "extra", "--if-version", "1"]
+            + ["--schedule", str(seconds), "--by", f"op{seconds}", "--json"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        prefix = request.getfixturevalue({"redis": "redis_prefix", "postgres": "postgres_prefix"}.get(where, "prefix"))
-        app.conf.update(anarchon_backend=url, anarchon_prefix=prefix)
-    anarchon_celery.add_job(app, "extra", task="tasks.work", schedule=60)
-    results: list[Any] = []
-    gate = threading.Barrier(4)
+        for seconds in (10, 20, 30, 40)
+    ]
+    done = [(edit.wait(120), *edit.communicate()) for edit in edits]
+    won = [json.loads(out) for code, out, _ in done if code == 0]
+    told = [err for code, _, err in done if code == 1]
+    assert len(won) == 1 and len(told) == 3, done
+    assert all("is at version 2, not 1: it was changed meanwhile" in err for err in told), told
+    listed = celery(env, "anarchon", "jobs", "--json")
+    extra = next(job for job in json.loads(listed.stdout) if job["job"] == "extra")
+    assert (extra["version"], extra["schedule"]) == (2, f"every {won[0]['entry']['schedule']}s")
 
-    def edit(seconds: int) -> None:
-        gate.wait()
-        try:
-            results.append(anarchon_celery.update_job(app, "extra", if_version=1, schedule=seconds, by=f"op{seconds}"))
-        except JobConflict as exc:
-            results.append(exc)
 
-    threads = [threading.Thread(target=edit, args=(seconds,)) for seconds in (10, 20, 30, 40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    won = [r for r in results if isinstance(r, JobDef)]
-    told = [r for r in results if isinstance(r, JobConflict)]
-    assert len(won) == 1 and len(told) == 3, results
-    assert all(exc.current == 2 and "changed meanwhile" in str(exc) for exc in told)
-    assert anarchon_celery.runtime_jobs(app)["extra"] == won[0]
-    anarchon_celery.remove_job(app, "extra")
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.parametrize("where", ["rabbitmq", "redis", "postgres"])
+def test_a_change_made_while_the_store_is_down_is_a_clear_error(
+    where: str, beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    url = {"rabbitmq": "amqp://guest:secret@127.0.0.1:1//", "redis": "redis://:secret@127.0.0.1:1/0"}.get(
+        where, "postgresql://postgres:secret@127.0.0.1:1/test"
+    )
+    env = dict(beat_env, HISTORY_APP_BACKEND=url, HISTORY_APP_CONNECT_TIMEOUT="2")
+    for command in (["add", "extra", "--task", "history_app.fine", "--schedule", "60"], ["remove", "extra"]):
+        done = celery(env, "anarchon", *command)
+        assert done.returncode == 1, done.stdout
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "127.0.0.1:1" in lines[0] and "secret" not in lines[0], done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def sent_runs(broker_url: str, queue: str) -> list[tuple[str, int]]:
@@ -364,3 +381,132 @@ def test_schedulers_act_on_a_change_from_its_time_on_and_on_that_job_only(
     )
     assert [slot for job, slot in runs if job == "rt"] == [0, 2_000, 6_000, 9_000]
     assert [slot for job, slot in runs if job == "code"] == list(range(0, 14_000, 1_000))
+
+
+class _RemovesOnAWin(anarchon_celery.MemoryBackend):
+    """Removes the runtime job ``rt`` the moment its run at ``slot`` is won, before it is sent."""
+
+    slot = 0
+
+    def claim(self, claims: Any, instance: str, *, on_won: Any = None) -> list[Outcome]:
+        outcomes = super().claim(claims, instance, on_won=on_won)
+        if any(c.job == "rt" and c.slot == self.slot and o is Outcome.WON for c, o in zip(claims, outcomes)):
+            self.remove_job("rt", base=None)
+        return outcomes
+
+
+@pytest.mark.broker
+def test_a_job_removed_while_its_run_is_sent_sends_that_run_and_no_later_one(
+    _scheduler_app: Celery,  # noqa: F811 - test_scheduler's app
+    _simulated_clock: Clock,  # noqa: F811 - and its clock
+    broker_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app, clock = _scheduler_app, _simulated_clock
+    monkeypatch.setattr(live_jobs, "CHANGES_POLL_S", 0.0)
+    backend = _RemovesOnAWin(prefix=prefix, slot_ttl_ms=60_000)
+    backend.slot = T0 + 2_000
+    app.conf.anarchon_backend = backend
+    anarchon_celery.add_job(app, "rt", task="tasks.work", schedule=1)
+    schedulers = [Scheduler(app), Scheduler(app)]
+    for n, scheduler in enumerate(schedulers):
+        scheduler.instance = f"i{n}"
+    run_until(clock, schedulers, T0 + 6_000)
+    for scheduler in schedulers:
+        scheduler.close()
+    slots = sorted(m.headers["anarchon_slot"] - T0 for m in sent(broker_url, f"{prefix}tasks"))
+    assert slots == [0, 1_000, 2_000]
+
+
+@pytest.mark.broker
+def test_an_instance_that_cannot_run_a_runtime_job_says_so_once_and_leaves_it_to_the_others(
+    _scheduler_app: Celery,  # noqa: F811 - test_scheduler's app
+    _simulated_clock: Clock,  # noqa: F811 - and its clock
+    broker_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app, clock = _scheduler_app, _simulated_clock
+    monkeypatch.setattr(live_jobs, "CHANGES_POLL_S", 0.0)
+    backend = anarchon_celery.MemoryBackend(prefix=prefix, slot_ttl_ms=60_000)
+    app.conf.anarchon_backend = backend
+
+    @app.task(name="tasks.rare", shared=False)
+    def rare(*args: Any) -> None: ...
+
+    other = Celery(f"other{prefix}", broker=broker_url, set_as_current=False)  # without tasks.rare
+    other.conf.update({key: app.conf[key] for key in ("task_default_queue", "anarchon_prefix", "anarchon_jitter_ms")})
+    other.conf.update(anarchon_slot_ttl_ms=60_000, anarchon_max_late_ms=5_000, anarchon_backend=backend)
+    anarchon_celery.add_job(app, "rare", task="tasks.rare", schedule=1)
+    schedulers = [Scheduler(app), Scheduler(other)]
+    for n, scheduler in enumerate(schedulers):
+        scheduler.instance = f"i{n}"
+    with caplog.at_level(logging.ERROR, logger="anarchon_celery"):
+        run_until(clock, schedulers, T0 + 5_000)
+        anarchon_celery.update_job(app, "rare", args=[1])  # a new version: said again, once
+        run_until(clock, schedulers, T0 + 8_000)
+    for scheduler in schedulers:
+        scheduler.close()
+    slots = sorted(m.headers["anarchon_slot"] - T0 for m in sent(broker_url, f"{prefix}tasks"))
+    assert slots == list(range(0, 8_000, 1_000))  # every run, by the instance that can
+    said = [r.getMessage() for r in caplog.records if "cannot be run by this instance" in r.getMessage()]
+    assert len(said) == 2 and "(version 1)" in said[0] and "(version 2)" in said[1], said
+    assert "task 'tasks.rare' is not registered" in said[0] and "left to the instances that can" in said[0]
+
+
+def _change_untold(where: str, env: dict[str, str], job: str, entry: dict[str, Any], version: int) -> None:
+    """Change a runtime job in the store behind anarchon's back: no change told (as a row written
+    by hand would be), only its definition."""
+    prefix, url = env.get("HISTORY_APP_ANARCHON_PREFIX") or env["HISTORY_APP_PREFIX"], env["HISTORY_APP_BACKEND"]
+    text = json.dumps(entry, sort_keys=True)
+    if where == "redis":
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.hset(f"{prefix}defs", job, JobDef(job, version, entry, "by hand", 0).encode())
+        client.close()
+    elif where == "postgres":
+        import psycopg
+
+        with psycopg.connect(url) as db:
+            db.execute(
+                "UPDATE anarchon_defs SET version = %s, entry = %s WHERE prefix = %s AND job = %s",
+                (version, text, prefix, job),
+            )
+    else:
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db, db:
+            db.execute(
+                "UPDATE anarchon_defs SET version = ?, entry = ? WHERE prefix = ? AND job = ?",
+                (version, text, prefix, job),
+            )
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("where", ["sqlite", "redis", "postgres"])
+def test_a_change_the_beats_were_not_told_of_is_acted_on_within_the_check_period(
+    where: str, beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A definition changed behind the backend's back tells nobody (django-celery-beat's bug with
+    QuerySet.update()); the beats find it when they next compare every version
+    (``anarchon_runtime_check_ms``, 2 s here). RabbitMQ has no such back door: its control log is
+    both the definitions and the news of their changes."""
+    env = dict(beat_env, HISTORY_APP_RUNTIME_CHECK_MS="2000")
+    env.pop("HISTORY_APP_EVERY", None)
+    env = history_app_on(where, env, tmp_path, request)
+    added = celery(env, "anarchon", "add", "late", "--task", "history_app.fine", "--schedule", "1")
+    assert added.returncode == 0, added.stderr
+    fleet = Fleet(tmp_path, [env] * 2)
+    try:
+        fleet.wait_ready()
+        fleet.wait_any("won, sent")
+        after = fleet.offsets()
+        _change_untold(where, env, "late", {"task": "history_app.fine", "schedule": 2}, 2)
+        fleet.wait_any("runtime jobs changed and not told: late", after, timeout=20)
+        fleet.wait_any("runtime job 'late' changed (version 2", after, timeout=5)
+        fleet.stop()
+    finally:
+        fleet.kill()

@@ -311,8 +311,9 @@ class PostgresBackend(SqlBackend):
             "-- anarchon_celery's tables (PostgreSQL), in the schema the backend's user connects to.\n"
             "-- Its user then needs, with USER its name:\n"
             "--   GRANT SELECT, INSERT, UPDATE, DELETE ON anarchon_jobs, anarchon_runs, anarchon_events,\n"
-            "--     anarchon_peers, anarchon_backfills TO USER;\n"
-            "--   GRANT USAGE ON SEQUENCE anarchon_events_id_seq, anarchon_peers_id_seq TO USER;" + _TABLES
+            "--     anarchon_peers, anarchon_backfills, anarchon_defs, anarchon_changes TO USER;\n"
+            "--   GRANT USAGE ON SEQUENCE anarchon_events_id_seq, anarchon_peers_id_seq,\n"
+            "--     anarchon_changes_id_seq TO USER;" + _TABLES
         )
 
     def _unusable(self, doing: str, exc: BaseException) -> BrokerError:

@@ -403,11 +403,19 @@ class StoreBackend(Backend, LeaseStore, JobState):
         return self._control_step("read the runtime jobs", lambda: self._runtime_jobs(names))
 
     def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
+        """Not asked during an outage, nor for ``timeout`` after a look failed (the claims find
+        the outage and its end; the next look reads what changed meanwhile): a store that does not
+        answer would hold each look up for ``timeout``."""
+        if self.in_outage() or time.monotonic() < self._looks_again_at:
+            return set(), since
         try:
             return self._job_changes(since)
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.debug("anarchon: changes of runtime jobs not read from %s (%s)", self.describe(), exc)
-            return None, since
+            self._looks_again_at = time.monotonic() + self.timeout
+            return set(), since  # (read from there later)
+
+    _looks_again_at = 0.0
 
     @abc.abstractmethod
     def _put_job(self, name: str, entry: Mapping[str, Any], base: int | None, by: str) -> JobDef:

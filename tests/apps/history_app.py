@@ -57,6 +57,8 @@ if os.environ.get("HISTORY_APP_LEASE_MS"):  # a backend with leases
     app.conf.anarchon_lease_ms = int(os.environ["HISTORY_APP_LEASE_MS"])
 if os.environ.get("HISTORY_APP_CATCH_UP"):  # a policy for the runs missed: latest or all
     app.conf.anarchon_catch_up = os.environ["HISTORY_APP_CATCH_UP"]
+if os.environ.get("HISTORY_APP_RUNTIME_CHECK_MS"):  # how soon a change not told is found
+    app.conf.anarchon_runtime_check_ms = int(os.environ["HISTORY_APP_RUNTIME_CHECK_MS"])
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 
