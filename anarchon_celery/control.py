@@ -49,27 +49,35 @@ class Deployment:
     _runtime_defs: dict[str, JobDef] = field(default_factory=dict, compare=False, repr=False)
     _invalid: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     _read: list[bool] = field(default_factory=list, compare=False, repr=False)
+    _defs_read: list[bool] = field(default_factory=list, compare=False, repr=False)
 
     def runtime(self) -> dict[str, Job]:
         """The runtime jobs this app can run (read from the backend once; a job defined in code
         hides a runtime job of its name). Those it cannot are in :meth:`invalid`."""
         if not self._read and self.app is not None:
             self._read.append(True)
-            for name, kept in self.backend.runtime_jobs().items():
-                self._runtime_defs[name] = kept
-                if name in self.jobs:
-                    self._invalid[name] = "a job of the code has its name"
-                    continue
-                try:
-                    job = runtime_job(name, kept.version, kept.entry, self.app, self.settings, self.backend)
-                    self._runtime[name] = job
-                except ConfigError as exc:
-                    self._invalid[name] = str(exc)
+            for kept in self.runtime_defs().values():
+                self._build(kept)
         return self._runtime
 
+    def _build(self, kept: JobDef) -> Job | None:
+        """``kept`` as this app runs it (None, with why in :meth:`invalid`, when it cannot)."""
+        if kept.name in self.jobs:
+            self._invalid[kept.name] = "a job of the code has its name"
+            return None
+        try:
+            job = runtime_job(kept.name, kept.version, kept.entry, self.app, self.settings, self.backend)
+        except ConfigError as exc:
+            self._invalid[kept.name] = str(exc)
+            return None
+        self._runtime[kept.name] = job
+        return job
+
     def runtime_defs(self) -> dict[str, JobDef]:
-        """The runtime jobs' definitions, as read by :meth:`runtime`."""
-        self.runtime()
+        """Every runtime job's definition (read from the backend once)."""
+        if not self._defs_read:
+            self._defs_read.append(True)
+            self._runtime_defs.update(self.backend.runtime_jobs())
         return self._runtime_defs
 
     def names(self) -> set[str]:
@@ -82,15 +90,19 @@ class Deployment:
         return self._invalid
 
     def job(self, name: str) -> Job:
-        """The job ``name``: of the code, or a runtime one; ConfigError for none."""
+        """The job ``name``: of the code, or a runtime one (that one read); ConfigError for none."""
         if name in self.jobs:
             return self.jobs[name]
-        runtime = self.runtime()
-        if name in runtime:
-            return runtime[name]
+        if name in self._runtime:
+            return self._runtime[name]
+        if self.app is not None and name not in self._invalid:
+            kept = self.backend.runtime_jobs([name]).get(name)
+            job = self._build(kept) if kept is not None else None
+            if job is not None:
+                return job
         if name in self._invalid:
             raise ConfigError(f"runtime job {name!r} cannot be run by this app: {self._invalid[name]}")
-        known = sorted({*self.jobs, *runtime})
+        known = sorted({*self.jobs, *self.runtime()})
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"no job named {name!r}.{hint} Jobs: {', '.join(known) or 'none'}")

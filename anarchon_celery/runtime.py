@@ -132,7 +132,7 @@ def runtime_jobs(app: Any, *, deployment: Deployment | None = None) -> dict[str,
 def _kept(deployment: Deployment, name: str) -> JobDef:
     if name in deployment.jobs:
         raise ConfigError(f"job {name!r} is defined in code: change it there")
-    kept = deployment.backend.runtime_jobs().get(name)
+    kept = deployment.backend.runtime_jobs([name]).get(name)
     if kept is None:
         raise ConfigError(f"no runtime job named {name!r} (celery anarchon jobs lists them)")
     return kept

@@ -209,8 +209,11 @@ class Scheduler(beat.Scheduler):
             raise SystemExit()
 
     def _follow_jobs(self, backend: Backend) -> None:
-        """Act on the runtime jobs changed since the last look: that job only, from its change on."""
-        changed, starts = self.live.poll() if self.live is not None else ({}, {})
+        """Act on the runtime jobs changed since the last look: that job only, from its change on.
+        Not once a stop is asked for (its grace is for the runs in progress)."""
+        if self.live is None or self.signals.pending or stopping.requested():
+            return
+        changed, starts = self.live.poll()
         if not changed:
             return
         for name, job in changed.items():

@@ -364,8 +364,11 @@ class RabbitMQBackend(Backend, StreamHistory):
         """Read from the control log; in a beat, which follows it (see :meth:`job_changes`), from
         the log as it has read it: the log is both the definitions and the news of their changes,
         read in order, so there is nothing a full read would find that following misses."""
-        self.open()
-        defs = self._control.view.defs if self._control.following else self._control.read().defs
+        if self._control.following:
+            defs = self._control.view.defs
+        else:
+            self.open()
+            defs = self._control.read().defs
         return {n: d for n, d in sorted(defs.items()) if names is None or n in names}
 
     def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
