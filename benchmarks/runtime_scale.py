@@ -42,7 +42,10 @@ def _app(prefix: str, backend: str) -> Celery:
     """An app as the beats' (runtime_app), in this process: for the changes made through the API."""
     app = Celery("runtime_app", broker=BROKER, set_as_current=False)
     app.conf.update(task_default_queue=f"{prefix}tasks", anarchon_prefix=prefix, anarchon_backend=backend)
-    app.task(name="runtime_app.tick", shared=False)(lambda name: None)
+
+    @app.task(name="runtime_app.tick", shared=False)
+    def tick(name: str) -> None: ...
+
     return app
 
 
