@@ -10,7 +10,7 @@ once. Measured per beat: the time from its start to its first tick (its jobs loa
 (RSS) and its CPU while idle; then ``--changes`` changes are made one after the other (a job's
 schedule edited, and jobs added), each timed from the change to the moment every beat says it
 acted on it (its log line's time: anarchon_celery's "runtime job ... changed", django-celery-beat's
-"Schedule changed"). RedBeat reads its entries at each tick and says nothing of a change: its
+"Schedule changed"), each made at a random moment. RedBeat reads its entries at each tick and says nothing of a change: its
 latency is not measured. Needs the ``bench`` extra and django-celery-beat.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import random
 import re
 import subprocess
 import sys
@@ -271,6 +272,7 @@ def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for kind, change in (("edit", runner.edit), ("add", runner.add)):
                 latencies = []
                 for n in range(args.changes):
+                    time.sleep(random.uniform(0, 1))  # (not in step with the beats' looks)
                     offsets = [len(log.read_text(errors="replace")) for log in logs]
                     made, needle = change(n)
                     acted = _wait_all(logs, needle, offsets)
