@@ -5,13 +5,13 @@
 For each implementation, ``--jobs`` jobs are made at runtime (a daily cron each, so that none runs
 during the measure), then its beats are started: three ``celery beat -S anarchon_celery.Scheduler``
 for anarchon_celery (its runs decided in Redis, PostgreSQL or RabbitMQ), one beat for
-django-celery-beat (its ``DatabaseScheduler``, on SQLite) and for RedBeat, which must each run
-once. Measured per beat: the time from its start to its first tick (its jobs loaded), its memory
-(RSS) and its CPU while idle; then ``--changes`` changes are made one after the other (a job's
-schedule edited, and jobs added), each timed from the change to the moment every beat says it
-acted on it (its log line's time: anarchon_celery's "runtime job ... changed", django-celery-beat's
-"Schedule changed"), each made at a random moment. RedBeat reads its entries at each tick and says nothing of a change: its
-latency is not measured. Needs the ``bench`` extra and django-celery-beat.
+django-celery-beat (its ``DatabaseScheduler``, on SQLite) and for RedBeat, which must each run once.
+Measured per beat: the time from its start to its first tick (its jobs loaded), its memory (RSS)
+and its CPU while idle; then ``--changes`` changes are made one after the other (a job's schedule
+edited, and jobs added), each timed from the change to the moment every beat says it acted on it
+(its log line's time: anarchon_celery's "runtime job ... changed", django-celery-beat's "Schedule
+changed"), each made at a random moment. RedBeat reads its entries at each tick and says nothing of
+a change: its latency is not measured. Needs the ``bench`` extra and django-celery-beat.
 """
 
 from __future__ import annotations
