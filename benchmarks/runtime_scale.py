@@ -2,16 +2,24 @@
 
     python benchmarks/runtime_scale.py [--jobs 10000] [--changes 20] [--only redis,postgres,...]
 
-For each implementation, ``--jobs`` jobs are made at runtime (a daily cron each, so that none runs
-during the measure), then its beats are started: three ``celery beat -S anarchon_celery.Scheduler``
-for anarchon_celery (its runs decided in Redis, PostgreSQL or RabbitMQ), one beat for
-django-celery-beat (its ``DatabaseScheduler``, on SQLite) and for RedBeat, which must each run once.
-Measured per beat: the time from its start to its first tick (its jobs loaded), its memory (RSS)
-and its CPU while idle; then ``--changes`` changes are made one after the other (a job's schedule
-edited, and jobs added), each timed from the change to the moment every beat says it acted on it
-(its log line's time: anarchon_celery's "runtime job ... changed", django-celery-beat's "Schedule
-changed"), each made at a random moment. RedBeat reads its entries at each tick and says nothing of
-a change: its latency is not measured. Needs the ``bench`` extra and django-celery-beat.
+For each implementation, ``--jobs`` jobs are made at runtime, each a daily cron: the first
+``--burst`` of them (``--rabbitmq-burst`` on RabbitMQ, where each run is a queue) due at one minute
+a little after the beats start (``--burst-after``), the others at 03:00. Then its beats are
+started: three ``celery beat -S anarchon_celery.Scheduler`` for anarchon_celery (its runs decided
+in Redis, PostgreSQL or RabbitMQ), one beat for django-celery-beat (its ``DatabaseScheduler``, on
+SQLite) and for RedBeat, which must each run once. Measured per beat: the time from its start to
+its first tick (its jobs loaded), its memory (RSS) and its CPU while idle. Then the burst: the time
+from the slot to the last of its runs in the task queue, and how many were sent more than once.
+Then ``--changes`` changes of each kind, one after the other, each at a random moment: a job's
+schedule edited, a job added, a job paused; each timed from the change to the moment every beat
+says it acted on it (its log line's time: anarchon_celery's "runtime job ... changed" and, on
+RabbitMQ, "job ... paused"; django-celery-beat's "Schedule changed"). On Redis and PostgreSQL a pause
+is a row or key that each claim reads where it is decided: it is in effect on every beat once the
+call returns, and the call's time is what is measured. RedBeat says nothing of a change and has no
+pause: a change to it makes the job due (``--redbeat-changes`` of each), timed to its "Sending due
+task" line from the change (an entry added) or from the next minute, which the edited schedule
+names (RedBeat keeps an entry's last run, so an edit cannot make it due at once). Needs the
+``bench`` extra and django-celery-beat.
 """
 
 from __future__ import annotations
@@ -50,8 +58,24 @@ def _app(prefix: str, backend: str) -> Celery:
     return app
 
 
-def _entry(name: str, hour: int = 3) -> dict[str, Any]:
-    return {"task": "runtime_app.tick", "schedule": f"0 {hour} * * *", "args": [name]}
+def _entry(name: str, at: tuple[int, int] = (3, 0)) -> dict[str, Any]:
+    return {"task": "runtime_app.tick", "schedule": f"{at[1]} {at[0]} * * *", "args": [name]}
+
+
+def _made(n: int, burst: int, slot: dt.datetime) -> tuple[int, int]:
+    """The (hour, minute) of job ``n``: the burst's slot for the first ``burst``, else 03:00."""
+    return (slot.hour, slot.minute) if n < burst else (3, 0)
+
+
+def _depth(queue: str) -> int:
+    """The messages ready in ``queue`` (0 while it does not exist)."""
+    from kombu import Connection
+
+    with Connection(BROKER) as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except Exception:  # noqa: BLE001 - not declared yet: nothing sent
+            return 0
 
 
 def _times(log: Path, needle: str, after: int = 0) -> list[float]:
@@ -94,7 +118,7 @@ class Anarchon:
         history = "0" if kind == "rabbitmq" else "10"
         self.env = {"RUNTIME_IMPL": "anarchon", "RUNTIME_BACKEND": url, "RUNTIME_HISTORY_SIZE": history}
 
-    def make(self, jobs: int) -> None:
+    def make(self, jobs: int, burst: int, slot: dt.datetime) -> None:
         import anarchon_celery
 
         if self.kind == "rabbitmq":  # appended to the control log as they come: no read back of each
@@ -102,12 +126,14 @@ class Anarchon:
             backend.open()
             for n in range(jobs):
                 name = f"job-{n:05d}"
-                record = {"op": "put", "job": name, "base": None, "entry": _entry(name), "by": "bench", "at": 0}
+                entry = _entry(name, _made(n, burst, slot))
+                record = {"op": "put", "job": name, "base": None, "entry": entry, "by": "bench", "at": 0}
                 backend._control.append({**record, "id": uuid.uuid4().hex})  # noqa: SLF001 - bulk, for the benchmark
             return
         for n in range(jobs):
             name = f"job-{n:05d}"
-            anarchon_celery.add_job(self.app, name, by="bench", deployment=self.deployment, **_entry(name))
+            entry = _entry(name, _made(n, burst, slot))
+            anarchon_celery.add_job(self.app, name, by="bench", deployment=self.deployment, **entry)
 
     def edit(self, n: int) -> tuple[float, str]:
         import anarchon_celery
@@ -116,6 +142,16 @@ class Anarchon:
         started = time.time()
         anarchon_celery.update_job(self.app, name, schedule="0 4 * * *", deployment=self.deployment)
         return started, f"runtime job '{name}' changed (version 2"
+
+    def pause(self, n: int) -> tuple[float, str | None]:
+        import anarchon_celery
+
+        name = f"job-{n:05d}"
+        started = time.time()
+        anarchon_celery.pause(self.app, name, note="bench", deployment=self.deployment)
+        if self.kind == "rabbitmq":  # each beat follows the control log
+            return started, f"job '{name}' paused by"
+        return started, None  # read by each claim in the store: in effect once the call returned
 
     def add(self, n: int) -> tuple[float, str]:
         import anarchon_celery
@@ -148,9 +184,12 @@ call_command("migrate", verbosity=0)
 from django_celery_beat.models import CrontabSchedule, PeriodicTask, PeriodicTasks
 daily = CrontabSchedule.objects.create(minute="0", hour="3")
 other = CrontabSchedule.objects.create(minute="0", hour="4")
-jobs = int(sys.argv[1])
+jobs, burst, hour, minute = map(int, sys.argv[1:5])
+at_slot = CrontabSchedule.objects.create(minute=str(minute), hour=str(hour))
 rows = [
-    PeriodicTask(name=f"job-{n:05d}", task="runtime_app.tick", crontab=daily, args=f'["job-{n:05d}"]')
+    PeriodicTask(
+        name=f"job-{n:05d}", task="runtime_app.tick", crontab=at_slot if n < burst else daily, args=f'["job-{n:05d}"]'
+    )
     for n in range(jobs)
 ]
 PeriodicTask.objects.bulk_create(rows, batch_size=1000)
@@ -161,6 +200,11 @@ for line in sys.stdin:  # a change per line, told when made
     if kind == "edit":
         task = PeriodicTask.objects.get(name=f"job-{int(n):05d}")
         task.crontab = other
+        started = time.time()
+        task.save()
+    elif kind == "pause":
+        task = PeriodicTask.objects.get(name=f"job-{int(n):05d}")
+        task.enabled = False
         started = time.time()
         task.save()
     else:
@@ -181,9 +225,9 @@ class DjangoCeleryBeat:
         self.helper: subprocess.Popen[str] | None = None
         self._env = dict(bench_env(**self.env), BENCH_DIR=str(HERE))
 
-    def make(self, jobs: int) -> None:
+    def make(self, jobs: int, burst: int, slot: dt.datetime) -> None:
         self.helper = subprocess.Popen(
-            [sys.executable, "-c", _DJANGO, str(jobs)],
+            [sys.executable, "-c", _DJANGO, str(jobs), str(burst), str(slot.hour), str(slot.minute)],
             env=self._env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -204,6 +248,9 @@ class DjangoCeleryBeat:
     def add(self, n: int) -> tuple[float, str]:
         return self._change(f"add {n}"), "DatabaseScheduler: Schedule changed."
 
+    def pause(self, n: int) -> tuple[float, str]:
+        return self._change(f"pause {n}"), "DatabaseScheduler: Schedule changed."
+
     def clean(self) -> None:
         if self.helper is not None:
             self.helper.kill()
@@ -211,7 +258,7 @@ class DjangoCeleryBeat:
 
 
 class RedBeat:
-    """RedBeat's entries in Redis; its latency is not measured (see the module)."""
+    """RedBeat's entries in Redis; a change makes its job due at once, timed to its sending."""
 
     instances = 1
 
@@ -221,15 +268,46 @@ class RedBeat:
         self.app = Celery("runtime_app", broker=BROKER, set_as_current=False)
         self.app.conf.update(redbeat_redis_url=REDIS, redbeat_key_prefix=prefix)
 
-    def make(self, jobs: int) -> None:
+    def make(self, jobs: int, burst: int, slot: dt.datetime) -> None:
         from celery.schedules import crontab
         from redbeat import RedBeatSchedulerEntry
 
+        now = dt.datetime.now(dt.timezone.utc)
         for n in range(jobs):
             name = f"job-{n:05d}"
-            RedBeatSchedulerEntry(name, "runtime_app.tick", crontab(minute=0, hour=3), args=[name], app=self.app).save()
+            hour, minute = _made(n, burst, slot)
+            entry = RedBeatSchedulerEntry(
+                name, "runtime_app.tick", crontab(minute=minute, hour=hour), args=[name], app=self.app
+            )
+            entry.last_run_at = now  # (never run is due at once, for RedBeat)
+            entry.save()
 
-    edit = add = None
+    def edit(self, n: int) -> tuple[float, str]:
+        """Its schedule made daily at the next minute: timed from that minute, when RedBeat has
+        the change due (it keeps the entry's last run: a schedule due at once cannot be made)."""
+        from celery.schedules import crontab
+        from redbeat import RedBeatSchedulerEntry
+
+        name = f"job-{n:05d}"
+        entry = RedBeatSchedulerEntry.from_key(RedBeatSchedulerEntry.generate_key(self.app, name), app=self.app)
+        due = (time.time() + 5) // 60 * 60 + 60
+        at = dt.datetime.fromtimestamp(due, dt.timezone.utc)
+        entry.schedule = crontab(minute=at.minute, hour=at.hour)
+        entry.save()
+        return due, f"Sending due task {name} "
+
+    def add(self, n: int) -> tuple[float, str]:
+        """A daily job never run: due at once."""
+        from celery.schedules import crontab
+        from redbeat import RedBeatSchedulerEntry
+
+        name = f"extra-{n:05d}"
+        entry = RedBeatSchedulerEntry(name, "runtime_app.tick", crontab(minute=0, hour=3), args=[name], app=self.app)
+        started = time.time()
+        entry.save()
+        return started, f"Sending due task {name} "
+
+    pause = None
 
     def clean(self) -> None:
         from tests.support.stores import delete_redis_keys
@@ -239,6 +317,8 @@ class RedBeat:
 
 def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     prefix = f"bench-rt-{impl}-{uuid.uuid4().hex[:6]}."
+    burst = min(args.jobs, args.rabbitmq_burst if impl == "rabbitmq" else args.burst)
+    slot = dt.datetime.fromtimestamp((time.time() + args.burst_after) // 60 * 60 + 60, dt.timezone.utc)
     runner: Any
     if impl == "django":
         runner = DjangoCeleryBeat(tmp)
@@ -251,7 +331,7 @@ def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     procs: list[tuple[Any, Path]] = []
     try:
         started = time.monotonic()
-        runner.make(args.jobs)
+        runner.make(args.jobs, burst, slot)
         row["made_s"] = time.monotonic() - started
         env = bench_env(RUNTIME_PREFIX=prefix, **runner.env)
         spawned = time.time()
@@ -268,25 +348,49 @@ def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         before = [cpu_seconds(proc.pid) for proc, _ in procs]
         time.sleep(args.idle)
         row["idle_cpu_pct"] = max(cpu_seconds(proc.pid) - b for (proc, _), b in zip(procs, before)) / args.idle * 100
-        if runner.edit is not None:
-            for kind, change in (("edit", runner.edit), ("add", runner.add)):
-                latencies = []
-                for n in range(args.changes):
-                    time.sleep(random.uniform(0, 1))  # (not in step with the beats' looks)
-                    offsets = [len(log.read_text(errors="replace")) for log in logs]
-                    made, needle = change(n)
-                    acted = _wait_all(logs, needle, offsets)
-                    assert acted is not None, f"{impl}: {kind} {n} was not acted on within 30 s"
-                    latencies += [max(0.0, when - made) for when in acted]
-                row[f"{kind}_p50_ms"] = percentile(latencies, 50) * 1000
-                row[f"{kind}_p99_ms"] = percentile(latencies, 99) * 1000
-                row[f"{kind}_max_ms"] = max(latencies) * 1000
+        row.update(_burst(f"{prefix}tasks", burst, slot.timestamp()))
+        changes = args.redbeat_changes if impl == "redbeat" else args.changes
+        timeout = 330 if impl == "redbeat" else 30  # (RedBeat sleeps up to beat_max_loop_interval, 300 s)
+        for kind in ("edit", "add", "pause"):
+            change = getattr(runner, kind)
+            if change is None:
+                continue
+            latencies = []
+            for n in range(changes):
+                time.sleep(random.uniform(0, 1))  # (not in step with the beats' looks)
+                offsets = [len(log.read_text(errors="replace")) for log in logs]
+                made, needle = change(n)
+                if needle is None:  # in effect once the call returned
+                    latencies.append(time.time() - made)
+                    continue
+                acted = _wait_all(logs, needle, offsets, timeout)
+                assert acted is not None, f"{impl}: {kind} {n} was not acted on within {timeout} s"
+                latencies += [max(0.0, when - made) for when in acted]
+            row[f"{kind}_p50_ms"] = percentile(latencies, 50) * 1000
+            row[f"{kind}_p99_ms"] = percentile(latencies, 99) * 1000
+            row[f"{kind}_max_ms"] = max(latencies) * 1000
     finally:
         for proc, _ in procs:
             stop(proc)
         runner.clean()
         delete_prefixed(prefix, BROKER)
     return row
+
+
+def _burst(queue: str, runs: int, slot: float, settle: float = 10) -> dict[str, Any]:
+    """The burst of ``runs`` due at ``slot``: the seconds from the slot to the last of them in
+    ``queue``, and the messages beyond them once none came for ``settle`` seconds."""
+    assert time.time() < slot - 1, "the burst's slot passed before the beats were measured: raise --burst-after"
+    time.sleep(slot - time.time())
+    depth, last, changed = 0, None, time.monotonic()
+    while time.monotonic() - changed < (settle if depth >= runs else 180):
+        now = _depth(queue)
+        if now != depth:
+            depth, changed = now, time.monotonic()
+            if depth >= runs and last is None:
+                last = time.time() - slot
+        time.sleep(0.05)
+    return {"burst": runs, "burst_all_sent_s": last, "burst_sent": depth, "burst_extra": max(0, depth - runs)}
 
 
 def _rss_kib(pid: int) -> int:
@@ -301,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--idle", type=float, default=30)
+    parser.add_argument("--burst", type=int, default=10_000, help="jobs due at the burst's slot")
+    parser.add_argument("--rabbitmq-burst", type=int, default=2_000, help="the same on RabbitMQ: a queue per run")
+    parser.add_argument("--burst-after", type=float, default=150, help="seconds from the start to the burst")
+    parser.add_argument("--redbeat-changes", type=int, default=3)
     parser.add_argument("--only", default=",".join(IMPLS))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))  # tests.support, for the clean-up of the stores
@@ -312,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             remove_dir(tmp)
         print(rows[-1], flush=True)
-    report("runtime_scale", rows, {"jobs": args.jobs, "changes": args.changes})
+    report("runtime_scale", rows, {"jobs": args.jobs, "changes": args.changes, "redbeat_changes": args.redbeat_changes})
     return 0
 
 
