@@ -31,6 +31,7 @@ from .jobs import Job, definition, task_id_for
 from .live_jobs import LiveJobs
 from .pausing import PausedRuns
 from .planning import Plan
+from .probes import BeatProbes
 from .runqueue import BackupTry, Item
 from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
 from .store_runs import StoreRuns
@@ -81,6 +82,8 @@ class Scheduler(beat.Scheduler):
         self.paused_runs = PausedRuns({}, self.instance, "")
         #: The runtime jobs, followed (made by :meth:`setup_schedule`).
         self.live: LiveJobs | None = None
+        #: The loop's heartbeat, read by the health probes (served when anarchon_metrics_port is set).
+        self.probes = BeatProbes()
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -106,6 +109,7 @@ class Scheduler(beat.Scheduler):
     def setup_schedule(self) -> None:
         deployment, reachable = self._configure()
         backend = self.backend = deployment.backend
+        self.probes.start(deployment.settings, backend)
         self.jobs = deployment.jobs
         self.live = LiveJobs(self.app, deployment.settings, backend, deployment.jobs)
         if reachable:
@@ -130,6 +134,7 @@ class Scheduler(beat.Scheduler):
         self.signals.install()
         for warning in backend.job_warnings(list(self.jobs.values()), start):
             logger.warning("anarchon: %s", warning)
+        self.probes.set_up(reachable)
         if reachable:
             logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
         else:
@@ -178,6 +183,7 @@ class Scheduler(beat.Scheduler):
         backend = self.backend
         if backend is None:
             return float(self.max_interval)
+        self.probes.heartbeat.turning()
         self._stop_if_closed()
         self._tend(backend)
         self._run_due()
@@ -187,12 +193,15 @@ class Scheduler(beat.Scheduler):
         self.signals.deliver()  # a stop signal that came during the runs: now that they are done
         self._prepare(backend)
         self.tasks.connect_ahead()  # lost during the sends: not at the next runs' expense
-        return self._sleep_s(backend)
+        sleep_s = self._sleep_s(backend)
+        self.probes.heartbeat.sleeping(sleep_s)
+        return sleep_s
 
     def _tend(self, backend: Backend) -> None:
         """Before the runs: the backend's upkeep, the leases handed back to this instance as a
         backup, the store told again of runs sent, the task connection kept up."""
         backend.maintain()
+        self.probes.reach()
         if self.leases is not None:
             if self._plan.queue.has_backups():  # (what is told meanwhile waits to be read)
                 self.leases.hear_hand_backs(self._plan.queue)
@@ -257,6 +266,7 @@ class Scheduler(beat.Scheduler):
                 due = self._plan.queue.take(now, self.batch_size)
                 taken += ((item, now) for item in due)
                 done += self._run(due, now)
+                self.probes.heartbeat.progressed()
         finally:
             self._plan.queue_next(taken)
 
@@ -439,4 +449,5 @@ class Scheduler(beat.Scheduler):
             if threading.current_thread() is threading.main_thread():  # (a beat in a thread leaves them be)
                 self.signals.restore()
                 stopping.reset()
+        self.probes.stop()
         logger.info("anarchon: %s stopped", self.instance)

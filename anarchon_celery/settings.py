@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_overlap_lease_ms": 30_000,
     "anarchon_overlap_queued_ms": 3_600_000,
     "anarchon_runtime_check_ms": 30_000,
+    "anarchon_metrics_port": None,  # off
+    "anarchon_metrics_address": "0.0.0.0",
+    "anarchon_health_stall_ms": 60_000,
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
@@ -73,6 +76,7 @@ MINIMUMS: dict[str, int] = {
     "overlap_lease_ms": 1_000,
     "overlap_queued_ms": 1_000,
     "runtime_check_ms": 1_000,
+    "health_stall_ms": 1_000,
 }
 
 _OURS = "anarchon_"
@@ -98,6 +102,15 @@ def check_minimum(shown: str, value: Any, minimum: int) -> int:
     """``value`` when it is an integer >= ``minimum`` (not a bool), else a ConfigError naming ``shown``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{shown} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def check_port(shown: str, value: Any) -> int | None:
+    """A TCP port (0: any free one), or None for off; else a ConfigError naming ``shown``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{shown} must be a port number from 0 to 65535 (or None: off), not {value!r}")
     return value
 
 
@@ -223,6 +236,12 @@ class Settings:
     #: How often each instance compares every runtime job's version with those it runs: how soon
     #: it acts on a change it was not told of (it is told of each within about a second).
     runtime_check_ms: int = 30_000
+    #: The port (and address) each beat serves its health probes and metrics on; None: none.
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
+    #: How long the scheduler loop may go without a sign of progress (past the end of the sleep
+    #: it announced) before its liveness probe fails.
+    health_stall_ms: int = 60_000
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
     #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.
@@ -241,6 +260,9 @@ class Settings:
             raise ConfigError(f"{_OURS}prefix must be a string, not {self.prefix!r}")
         object.__setattr__(self, "catch_up", check_catch_up(f"{_OURS}catch_up", self.catch_up))
         object.__setattr__(self, "overlap", check_overlap(f"{_OURS}overlap", self.overlap))
+        check_port(f"{_OURS}metrics_port", self.metrics_port)
+        if not isinstance(self.metrics_address, str):
+            raise ConfigError(f"{_OURS}metrics_address must be a string, not {self.metrics_address!r}")
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -274,6 +296,8 @@ class Settings:
                 values[key] = check_catch_up(spelling.shown(name, present), values[key])
             elif key == "overlap":
                 values[key] = check_overlap(spelling.shown(name, present), values[key])
-            elif key == "prefix" and not isinstance(values[key], str):
+            elif key == "metrics_port":
+                values[key] = check_port(spelling.shown(name, present), values[key])
+            elif key in ("prefix", "metrics_address") and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")
         return cls(**values, given=frozenset(given), spelt=tuple(spelt))

@@ -59,6 +59,19 @@ if os.environ.get("HISTORY_APP_CATCH_UP"):  # a policy for the runs missed: late
     app.conf.anarchon_catch_up = os.environ["HISTORY_APP_CATCH_UP"]
 if os.environ.get("HISTORY_APP_RUNTIME_CHECK_MS"):  # how soon a change not told is found
     app.conf.anarchon_runtime_check_ms = int(os.environ["HISTORY_APP_RUNTIME_CHECK_MS"])
+if os.environ.get("HISTORY_APP_METRICS_PORT"):  # health probes served
+    app.conf.anarchon_metrics_port = int(os.environ["HISTORY_APP_METRICS_PORT"])
+if os.environ.get("HISTORY_APP_HEALTH_STALL_MS"):
+    app.conf.anarchon_health_stall_ms = int(os.environ["HISTORY_APP_HEALTH_STALL_MS"])
+if os.environ.get("HISTORY_APP_REDIS_TIMEOUT"):  # the Redis backend, its answers awaited this long
+    from anarchon_celery.backends.redis import RedisBackend
+
+    app.conf.anarchon_backend = RedisBackend(
+        os.environ["HISTORY_APP_BACKEND"],
+        prefix=app.conf.anarchon_prefix,
+        slot_ttl_ms=app.conf.anarchon_slot_ttl_ms,
+        timeout=float(os.environ["HISTORY_APP_REDIS_TIMEOUT"]),
+    )
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
 

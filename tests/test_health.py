@@ -1,0 +1,350 @@
+"""Health probes. The heartbeat's rules with a clock of our own (no service); then real beats: ready
+on every backend and saying why, a loop wedged by a store that accepts and never answers fails its
+liveness probe while the probe's port still answers, an outage is alive but not ready, a worker
+running ``-B`` serves them too, a port taken is said and the beat runs on, and the command line's
+``health``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from anarchon_celery.errors import ConfigError
+from anarchon_celery.health import Heartbeat
+from anarchon_celery.settings import Settings
+
+from .support.processes import start_celery
+from .support.proxy import Proxy, free_port
+from .support.stores import delete_postgres_rows, delete_redis_keys
+from .test_faults import APP, kill, start_beat, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_loop_that_moves_is_alive_and_one_that_stalls_is_not() -> None:
+    clock = Clock()
+    beat = Heartbeat(10.0, clock)
+    assert beat.check(False, "Redis").live and not beat.check(False, "Redis").ready  # setting up
+    assert "setting up" in beat.check(False, "Redis").reason
+    clock.now += 11
+    stalled = beat.check(False, "Redis")
+    assert not stalled.live and "in its set-up" in stalled.reason and "10 s" in stalled.reason
+    beat.set_up()
+    assert beat.check(False, "Redis").live
+    assert "first turn" in beat.check(False, "Redis").reason  # not ready before a turn ended
+    beat.turning()
+    beat.sleeping(300)  # a long sleep announced: alive through it, and for stall_s past its end
+    clock.now += 305
+    health = beat.check(False, "Redis")
+    assert health.live and health.ready and health.reason.startswith("ready:") and "Redis answers" in health.reason
+    clock.now += 6
+    late = beat.check(False, "Redis")
+    assert not late.live and not late.ready and "past its wake-up" in late.reason
+    beat.turning()  # a long turn of batches is alive while each batch ends within stall_s
+    for _ in range(5):
+        clock.now += 9
+        beat.progressed()
+        assert beat.check(False, "Redis").live
+    clock.now += 10.5  # a call that never returns
+    wedged = beat.check(False, "Redis")
+    assert not wedged.live and "in a turn" in wedged.reason and "moved for 10.5 s" in wedged.reason
+
+
+def test_an_outage_or_a_stop_is_alive_but_not_ready() -> None:
+    clock = Clock()
+    beat = Heartbeat(10.0, clock)
+    beat.set_up()
+    beat.turning()
+    beat.sleeping(1)
+    away = beat.check(True, "Redis at redis://127.0.0.1:6379/0")
+    assert away.live and not away.ready
+    assert away.reason == "alive, not ready: Redis at redis://127.0.0.1:6379/0 does not answer; runs are not claimed"
+    assert beat.check(False, "Redis").ready
+    beat.stopping()
+    assert beat.check(False, "Redis") == beat.check(False, "Redis")
+    assert beat.check(False, "Redis").live and beat.check(False, "Redis").reason == "alive, not ready: stopping"
+
+
+@pytest.mark.parametrize("port", [True, -1, 65536, "9808", 1.5])
+def test_a_bad_metrics_port_is_refused(port: object) -> None:
+    app = Celery("t", set_as_current=False)
+    app.conf.anarchon_metrics_port = port
+    with pytest.raises(ConfigError, match="anarchon_metrics_port must be a port number from 0 to 65535"):
+        Settings.from_app(app)
+
+
+def test_the_probe_settings_default_to_off() -> None:
+    settings = Settings.from_app(Celery("t", set_as_current=False))
+    assert (settings.metrics_port, settings.metrics_address, settings.health_stall_ms) == (None, "0.0.0.0", 60_000)
+    app = Celery("t", set_as_current=False)
+    app.conf.anarchon_health_stall_ms = 10
+    with pytest.raises(ConfigError, match="anarchon_health_stall_ms must be an integer >= 1000"):
+        Settings.from_app(app)
+
+
+# -- real beats -----------------------------------------------------------------------------------
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode().strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode().strip()
+
+
+def _until(port: int, path: str, status: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> str:
+    """Poll ``path`` until it answers ``status``; its line."""
+    deadline = time.monotonic() + timeout
+    seen: tuple[int, str] | None = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            seen = _get(port, path)
+        except OSError as exc:  # not listening yet
+            seen = (0, str(exc))
+        if seen[0] == status:
+            return seen[1]
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never answered {status} within {timeout} s (last: {seen})")
+
+
+def _health_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "anarchon", "health", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def stores(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Callable[[str], str]:
+    """The backend URL of each kind of store, its records under ``prefix`` deleted afterwards."""
+    made: list[tuple[str, str]] = []
+
+    def url_of(kind: str) -> str:
+        if kind == "rabbitmq":
+            return ""  # the app's broker
+        if kind == "sqlite":
+            return f"sqlite:///{tmp_path / 'anarchon.db'}"
+        url = request.getfixturevalue(f"{kind}_url")
+        made.append((kind, url))
+        return url
+
+    yield url_of
+    for kind, url in made:
+        (delete_redis_keys if kind == "redis" else delete_postgres_rows)(url, prefix)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.stores
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["rabbitmq", "redis", "postgres", "sqlite"])
+def test_a_beat_says_it_is_alive_and_ready_and_a_pause_keeps_it_so(
+    kind: str, stores: Callable[[str], str], beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1")
+    backend = stores(kind)
+    if backend:
+        env["HISTORY_APP_BACKEND"] = backend
+    log = tmp_path / "beat.log"
+    proc = start_beat(env, log)
+    try:
+        wait_for(log, f"anarchon: health probes served on http://0.0.0.0:{port}/healthz and /readyz", proc)
+        line = _until(port, "/readyz", 200, proc, log)
+        assert line.startswith("ready: the scheduler loop moved") and line.endswith(" answers"), line
+        assert _get(port, "/healthz")[0] == 200
+        assert _get(port, "/metricz")[0] == 404
+        done = _health_cli(env, "--ready")
+        assert (done.returncode, done.stdout.startswith("ready: ")) == (0, True), done
+        paused = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "anarchon", "pause", "every", "--note", "maintenance"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert paused.returncode == 0, paused
+        wait_for(log, ": paused", proc, after=len(log.read_text()))  # a run of it decided since
+        assert _get(port, "/readyz")[0] == 200  # a paused job is healthy
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        kill(proc)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text
+    gone = _health_cli(env)
+    assert gone.returncode == 1 and gone.stdout.startswith("not alive: nothing answers at http://127.0.0.1:"), gone
+
+
+@pytest.fixture
+def redis_proxy(redis_url: str, prefix: str) -> Iterator[Proxy]:
+    """A proxy in front of the suite's Redis, the beat's keys under ``prefix`` deleted afterwards."""
+    host, port = redis_url.split("//", 1)[1].split("/", 1)[0].split(":")
+    proxy = Proxy(target=(host, int(port)))
+    try:
+        yield proxy
+    finally:
+        proxy.resume()
+        proxy.close()
+        delete_redis_keys(redis_url, prefix)
+
+
+def _via(proxy: Proxy, redis_url: str) -> str:
+    return f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.stores
+@pytest.mark.timeout(180)
+def test_a_loop_wedged_by_a_store_that_never_answers_fails_liveness(
+    redis_proxy: Proxy, redis_url: str, beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Redis behind a proxy that stalls: the claim's read waits (the backend given 600 s), the loop
+    is stuck in it, and the probe, answered by another thread, says so within the stall allowed."""
+    port = free_port()
+    env = dict(
+        beat_env,
+        HISTORY_APP_METRICS_PORT=str(port),
+        HISTORY_APP_EVERY="1",
+        HISTORY_APP_BACKEND=_via(redis_proxy, redis_url),
+        HISTORY_APP_REDIS_TIMEOUT="600",
+        HISTORY_APP_HEALTH_STALL_MS="3000",
+    )
+    log = tmp_path / "beat.log"
+    proc = start_beat(env, log)
+    try:
+        _until(port, "/readyz", 200, proc, log)
+        redis_proxy.stall()
+        line = _until(port, "/healthz", 503, proc, log)
+        assert line.startswith("not alive: the scheduler loop has not moved for "), line
+        assert "in a turn (anarchon_health_stall_ms allows 3 s)" in line
+        assert _get(port, "/readyz")[0] == 503
+        done = _health_cli(env)
+        assert done.returncode == 1 and done.stdout.startswith("not alive: the scheduler loop has not moved"), done
+        # The store's connections cut: the claim fails, the loop moves again and claims once more.
+        redis_proxy.resume()
+        redis_proxy.cut()
+        _until(port, "/healthz", 200, proc, log)
+        _until(port, "/readyz", 200, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        kill(proc)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.stores
+@pytest.mark.timeout(180)
+def test_an_outage_is_alive_but_not_ready(
+    redis_url: str, prefix: str, beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Redis refusing connections (its proxy gone): the loop keeps turning, the beat is alive and
+    not ready, saying which store does not answer; ready again once it is back."""
+    host, redis_port = redis_url.split("//", 1)[1].split("/", 1)[0].split(":")
+    proxy = Proxy(target=(host, int(redis_port)))
+    port = free_port()
+    env = dict(
+        beat_env,
+        HISTORY_APP_METRICS_PORT=str(port),
+        HISTORY_APP_EVERY="1",
+        HISTORY_APP_BACKEND=_via(proxy, redis_url),
+    )
+    log = tmp_path / "beat.log"
+    proc = start_beat(env, log)
+    back: Proxy | None = None
+    try:
+        _until(port, "/readyz", 200, proc, log)
+        proxy.close()
+        proxy.cut()
+        line = _until(port, "/readyz", 503, proc, log)
+        assert line.startswith(f"alive, not ready: Redis at {_via(proxy, redis_url)} (prefix "), line
+        assert line.endswith(" does not answer; runs are not claimed"), line
+        assert _get(port, "/healthz")[0] == 200
+        done = _health_cli(env, "--ready")
+        assert done.returncode == 1 and done.stdout.startswith("alive, not ready: Redis at"), done
+        back = Proxy(target=(host, int(redis_port)), port=proxy.port)
+        _until(port, "/readyz", 200, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        kill(proc)
+        proxy.close()
+        if back is not None:
+            back.close()
+        delete_redis_keys(redis_url, prefix)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.timeout(180)
+def test_a_worker_running_the_beat_serves_the_probes(beat_env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()
+    env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1")
+    log = tmp_path / "worker.log"
+    args = ["worker", "-B", "--scheduler", "anarchon_celery.Scheduler", "-l", "info", "-c", "1", "--pidfile="]
+    args += ["-s", str(tmp_path / "schedule")]
+    proc = start_celery(args, log, env, app=APP, cwd=ROOT)
+    try:
+        line = _until(port, "/readyz", 200, proc, log, timeout=90)
+        assert line.startswith("ready: "), line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        kill(proc)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.timeout(120)
+def test_a_port_taken_is_said_and_the_beat_runs_on(beat_env: dict[str, str], tmp_path: Path) -> None:
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port))
+        log = tmp_path / "beat.log"
+        proc = start_beat(env, log)
+        try:
+            wait_for(log, "anarchon: ready as", proc)
+            text = log.read_text(errors="replace")
+            assert f"anarchon: health probes not served: 0.0.0.0:{port} cannot be bound" in text
+            assert f"is another beat on this host using anarchon_metrics_port {port}? Give each its own port" in text
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            kill(proc)
+
+
+def test_health_without_a_port_says_what_to_set(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = _health_cli(env)
+    assert done.returncode == 1
+    assert "anarchon_metrics_port is not set: each beat serves its health on that port (set it, or give --port)" in (
+        done.stderr
+    ), done
