@@ -16,10 +16,9 @@ says it acted on it (its log line's time: anarchon_celery's "runtime job ... cha
 RabbitMQ, "job ... paused"; django-celery-beat's "Schedule changed"). On Redis and PostgreSQL a pause
 is a row or key that each claim reads where it is decided: it is in effect on every beat once the
 call returns, and the call's time is what is measured. RedBeat says nothing of a change and has no
-pause: a change to it makes the job due (``--redbeat-changes`` of each), timed to its "Sending due
-task" line from the change (an entry added) or from the next minute, which the edited schedule
-names (RedBeat keeps an entry's last run, so an edit cannot make it due at once). Needs the
-``bench`` extra and django-celery-beat.
+pause: a change to it (``--redbeat-changes`` of each) makes the job due at the next minute, and is
+timed from that minute to its "Sending due task" line. Needs the ``bench`` extra and
+django-celery-beat.
 """
 
 from __future__ import annotations
@@ -272,40 +271,43 @@ class RedBeat:
         from celery.schedules import crontab
         from redbeat import RedBeatSchedulerEntry
 
-        now = dt.datetime.now(dt.timezone.utc)
         for n in range(jobs):
             name = f"job-{n:05d}"
             hour, minute = _made(n, burst, slot)
             entry = RedBeatSchedulerEntry(
                 name, "runtime_app.tick", crontab(minute=minute, hour=hour), args=[name], app=self.app
             )
-            entry.last_run_at = now  # (never run is due at once, for RedBeat)
             entry.save()
 
     def edit(self, n: int) -> tuple[float, str]:
-        """Its schedule made daily at the next minute: timed from that minute, when RedBeat has
-        the change due (it keeps the entry's last run: a schedule due at once cannot be made)."""
-        from celery.schedules import crontab
+        """Its schedule made daily at the next minute (see :meth:`_next_minute`)."""
         from redbeat import RedBeatSchedulerEntry
 
         name = f"job-{n:05d}"
         entry = RedBeatSchedulerEntry.from_key(RedBeatSchedulerEntry.generate_key(self.app, name), app=self.app)
-        due = (time.time() + 5) // 60 * 60 + 60
-        at = dt.datetime.fromtimestamp(due, dt.timezone.utc)
-        entry.schedule = crontab(minute=at.minute, hour=at.hour)
+        due, entry.schedule = self._next_minute()
         entry.save()
         return due, f"Sending due task {name} "
 
     def add(self, n: int) -> tuple[float, str]:
-        """A daily job never run: due at once."""
-        from celery.schedules import crontab
+        """A job daily at the next minute (see :meth:`_next_minute`)."""
         from redbeat import RedBeatSchedulerEntry
 
         name = f"extra-{n:05d}"
-        entry = RedBeatSchedulerEntry(name, "runtime_app.tick", crontab(minute=0, hour=3), args=[name], app=self.app)
-        started = time.time()
-        entry.save()
-        return started, f"Sending due task {name} "
+        due, schedule = self._next_minute()
+        RedBeatSchedulerEntry(name, "runtime_app.tick", schedule, args=[name], app=self.app).save()
+        return due, f"Sending due task {name} "
+
+    @staticmethod
+    def _next_minute() -> tuple[float, Any]:
+        """A daily crontab at the next minute (at least 5 s away), and that minute's time: a change
+        is timed from it, when RedBeat has the job due. (RedBeat keeps an entry's last run, and
+        gives a new one the time it is made: no change can make a job due at once.)"""
+        from celery.schedules import crontab
+
+        due = (time.time() + 5) // 60 * 60 + 60
+        at = dt.datetime.fromtimestamp(due, dt.timezone.utc)
+        return due, crontab(minute=at.minute, hour=at.hour)
 
     pause = None
 
@@ -350,7 +352,7 @@ def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         row["idle_cpu_pct"] = max(cpu_seconds(proc.pid) - b for (proc, _), b in zip(procs, before)) / args.idle * 100
         row.update(_burst(f"{prefix}tasks", burst, slot.timestamp()))
         changes = args.redbeat_changes if impl == "redbeat" else args.changes
-        timeout = 330 if impl == "redbeat" else 30  # (RedBeat sleeps up to beat_max_loop_interval, 300 s)
+        timeout = 420 if impl == "redbeat" else 30  # (RedBeat sleeps up to beat_max_loop_interval, 300 s)
         for kind in ("edit", "add", "pause"):
             change = getattr(runner, kind)
             if change is None:
