@@ -160,6 +160,14 @@ class Anarchon:
         anarchon_celery.add_job(self.app, name, deployment=self.deployment, **_entry(name))
         return started, f"runtime job '{name}' added (version 1"
 
+    def fresh(self) -> None:
+        """New connections for the changes: those the jobs were made on idled through the beats'
+        start and the burst, and a broker drops a connection whose heartbeats stopped."""
+        from anarchon_celery.control import configure
+
+        self.deployment.release()
+        self.deployment = configure(self.app)
+
     def clean(self) -> None:
         self.deployment.release()
         if self.kind == "redis":
@@ -351,6 +359,7 @@ def measure(impl: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         time.sleep(args.idle)
         row["idle_cpu_pct"] = max(cpu_seconds(proc.pid) - b for (proc, _), b in zip(procs, before)) / args.idle * 100
         row.update(_burst(f"{prefix}tasks", burst, slot.timestamp()))
+        getattr(runner, "fresh", lambda: None)()
         changes = args.redbeat_changes if impl == "redbeat" else args.changes
         timeout = 420 if impl == "redbeat" else 30  # (RedBeat sleeps up to beat_max_loop_interval, 300 s)
         for kind in ("edit", "add", "pause"):
