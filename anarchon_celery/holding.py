@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from . import clock
 from .backends import Claim, LeaseStore, TakeoverKind
@@ -35,6 +35,10 @@ BACKUP_STAGGER_MS = 500
 AWAY_RETRY_MS = 1_000
 
 
+def _nothing(count: int) -> None:
+    return None
+
+
 class LeaseBook:
     """The leases ``instance`` holds in ``store``, and those it still has to tell it about."""
 
@@ -47,6 +51,8 @@ class LeaseBook:
         #: again (epoch ms), so that a store back within the lease keeps their backups quiet.
         self._unmarked: dict[tuple[str, int, int], int] = {}
         self._mark_again_at = 0.0
+        #: Told how many leases were handed back, each time some are (the metrics).
+        self.on_handed_back: Callable[[int], None] = _nothing
 
     # -- as a backup --------------------------------------------------------------------------
 
@@ -125,6 +131,7 @@ class LeaseBook:
                 superseded.append(key)
         _warn_superseded(superseded)
         if failed and self.store.hand_back(failed, self.instance):
+            self.on_handed_back(len(failed))
             logger.info("anarchon: %d run(s) whose send failed handed back to their backups", len(failed))
 
     def mark_again(self) -> None:
@@ -157,6 +164,7 @@ class LeaseBook:
         held, self._held = self._held, {}
         if held:
             given = self.store.hand_back([(job, slot, token) for (job, slot), token in held.items()], self.instance)
+            self.on_handed_back(given)
             logger.info("anarchon: %d lease(s) of runs not sent handed back to their backups", given)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from . import clock
 from .backends import Backend, Claim, Outcome
@@ -20,6 +20,10 @@ from .schedule import Schedule
 __all__ = ["Plan"]
 
 logger = logging.getLogger(__name__)
+
+
+def _nothing(job: str) -> None:
+    return None
 
 
 class Plan:
@@ -35,6 +39,8 @@ class Plan:
         #: The gates to declare ahead, by when.
         self.prepares: RunQueue[Prepare] = RunQueue()
         self.lead_ms = lead_ms
+        #: Told the job of each run this instance found too late and skipped (the metrics).
+        self.on_too_late: Callable[[str], None] = _nothing
         #: Each job's catch-up key, carried by its claims ("" for a job without catch-up).
         self.keys = {name: catch_up_key(job) if backend.leases else "" for name, job in jobs.items()}
         #: Gates are declared ``lead_ms - prepare_phase_ms`` before their run (never earlier than
@@ -117,6 +123,7 @@ class Plan:
                     late,
                     job.max_late_ms,
                 )
+                self.on_too_late(job.name)
                 return None
             if item.slot < now - job.catch_up_window_ms or job.next_slot(item.slot) + job.max_late_ms < now:
                 # Not the newest run too late: the claim of the newest catches it up, within the window.

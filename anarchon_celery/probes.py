@@ -1,5 +1,6 @@
-"""The HTTP endpoint a beat serves its probes on (``anarchon_metrics_port``): ``/healthz`` for
-liveness and ``/readyz`` for readiness, each 200 or 503 with one line saying why.
+"""The HTTP endpoint a beat serves its probes and metrics on (``anarchon_metrics_port``):
+``/healthz`` for liveness and ``/readyz`` for readiness, each 200 or 503 with one line saying why,
+and ``/metrics`` for Prometheus (see :mod:`.metrics`).
 
 It runs in a daemon thread of the beat's process and only reads what the scheduler loop marked
 (:mod:`.health`): it never calls the broker or the store itself.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import stopping
 from .errors import AnarchonError
 from .health import Health, Heartbeat
+from .metrics import exposition
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -54,8 +56,11 @@ def _handler(server: ProbeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             path = self.path.split("?", 1)[0].rstrip("/")
+            if path == "/metrics":
+                self._metrics()
+                return
             if path not in ("/healthz", "/readyz"):
-                self._answer(404, "not found: /healthz (alive) and /readyz (ready) are served here")
+                self._answer(404, "not found: /healthz (alive), /readyz (ready) and /metrics are served here")
                 return
             try:
                 health = server.health()
@@ -66,10 +71,17 @@ def _handler(server: ProbeServer) -> type[BaseHTTPRequestHandler]:
             good = health.live if path == "/healthz" else health.ready
             self._answer(200 if good else 503, health.reason)
 
-        def _answer(self, status: int, line: str) -> None:
-            body = (line + "\n").encode()
+        def _metrics(self) -> None:
+            made = exposition()
+            if made is None:
+                self._answer(404, "no metrics: install prometheus-client (pip install 'anarchon_celery[metrics]')")
+                return
+            self._answer(200, *made)
+
+        def _answer(self, status: int, line: str | bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            body = line if isinstance(line, bytes) else (line + "\n").encode()
             self.send_response(status)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
@@ -116,7 +128,7 @@ class BeatProbes:
             )
             return
         logger.info(
-            "anarchon: health probes served on http://%s:%d/healthz and /readyz",
+            "anarchon: health probes served on http://%s:%d/healthz and /readyz, metrics on /metrics",
             settings.metrics_address,
             self.server.port,
         )

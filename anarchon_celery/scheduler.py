@@ -29,6 +29,7 @@ from .errors import AnarchonError, BrokerUnavailable
 from .holding import LeaseBook
 from .jobs import Job, definition, task_id_for
 from .live_jobs import LiveJobs
+from .metrics import beat_metrics
 from .pausing import PausedRuns
 from .planning import Plan
 from .probes import BeatProbes
@@ -84,6 +85,8 @@ class Scheduler(beat.Scheduler):
         self.live: LiveJobs | None = None
         #: The loop's heartbeat, read by the health probes (served when anarchon_metrics_port is set).
         self.probes = BeatProbes()
+        #: The Prometheus metrics of this process (counting nothing without prometheus-client).
+        self.metrics = beat_metrics()
         super().__init__(app, *args, **kwargs)
 
     @property
@@ -115,6 +118,8 @@ class Scheduler(beat.Scheduler):
         if reachable:
             self.jobs.update(self.live.start())
         self.plan = Plan(self.jobs, backend, deployment.settings.lead_ms, self._random)
+        self.plan.on_too_late = self.metrics.too_late
+        self.metrics.attach(lambda: (dict(self.jobs), self.probes.health()))
         self.paused_runs = PausedRuns(self.jobs, self.instance, backend.prefix)
         start = clock.now_ms()
         for job in self.jobs.values():
@@ -126,6 +131,7 @@ class Scheduler(beat.Scheduler):
         store = backend.lease_store
         if store is not None:
             self.leases = LeaseBook(store, self.instance)
+            self.leases.on_handed_back = self.metrics.handed_back
             self.store_runs = StoreRuns(self.jobs, self.instance, backend)
             if reachable:
                 store.handed_back()  # listening from now on
@@ -187,6 +193,7 @@ class Scheduler(beat.Scheduler):
         self._stop_if_closed()
         self._tend(backend)
         self._run_due()
+        self.metrics.outage(backend.in_outage())
         self._run_pending()
         self._follow_jobs(backend)  # (after the runs due: a look never holds them up)
         self._stop_if_closed()
@@ -329,12 +336,15 @@ class Scheduler(beat.Scheduler):
                     self.leases.hold([run])
                 self.sender.write(run)  # never raises: what it could not write, _send() sends
 
+        started = time.monotonic()
         try:
             outcomes = backend.claim(claims, self.instance, on_won=on_won)
         except BaseException:
             if won:  # the tasks written are still confirmed, and logged
                 self._send_held(list(won.values()))
             raise
+        self.metrics.timed(time.monotonic() - started)
+        self.metrics.claimed(claims, outcomes)
         if self.leases is not None:
             self.leases.arm_lost(self._plan.queue, self.jobs, now)
         self.paused_runs.note(claims, outcomes)
@@ -396,6 +406,8 @@ class Scheduler(beat.Scheduler):
         events += self.paused_runs.events()
         if self.store_runs is not None:
             events += self.store_runs.events()
+        self.metrics.sends(done)
+        self.metrics.events(events)
         if events:
             self.backend.record_many(events)
 

@@ -27,7 +27,7 @@ from anarchon_celery.settings import Settings
 from .support.processes import start_celery
 from .support.proxy import Proxy, free_port
 from .support.stores import delete_postgres_rows, delete_redis_keys
-from .test_faults import APP, kill, start_beat, wait_for
+from .test_faults import APP, kill, sent_slots, start_beat, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -348,3 +348,86 @@ def test_health_without_a_port_says_what_to_set(tmp_path: Path) -> None:
     assert "anarchon_metrics_port is not set: each beat serves its health on that port (set it, or give --port)" in (
         done.stderr
     ), done
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``: (name, labels) to value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = _get(port, "/metrics")
+    assert status == 200, text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text + "\n")
+        for sample in family.samples
+    }
+
+
+def _total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(value for (found, got), value in samples.items() if found == name and set(labels.items()) <= set(got))
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.stores
+@pytest.mark.timeout(180)
+def test_the_metrics_of_two_beats_add_up_to_the_runs_sent(
+    redis_url: str, prefix: str, beat_env: dict[str, str], broker_url: str, tmp_path: Path
+) -> None:
+    """Two beats share a job every second on Redis; once it is paused (no send after), their
+    counters summed equal the task messages in the queue, and each run sent was timed once."""
+    ports = [free_port(), free_port()]
+    envs = [
+        dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1", HISTORY_APP_BACKEND=redis_url)
+        for port in ports
+    ]
+    logs = [tmp_path / f"beat-{n}.log" for n in range(2)]
+    procs = [start_beat(env, log) for env, log in zip(envs, logs)]
+    try:
+        for port, proc, log in zip(ports, procs, logs):
+            _until(port, "/readyz", 200, proc, log)
+        wait_for(logs[0], "won, sent", procs[0], timeout=60)
+        time.sleep(4)
+        paused = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "anarchon", "pause", "every"],
+            cwd=ROOT,
+            env=envs[0],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert paused.returncode == 0, paused
+        offsets = [len(log.read_text()) for log in logs]
+        deadline = time.monotonic() + 30
+        while not any(": paused" in log.read_text()[offset:] for log, offset in zip(logs, offsets)):
+            assert time.monotonic() < deadline, "no run recorded paused"
+            time.sleep(0.2)
+        time.sleep(1.5)  # (a send in progress when the pause came is over)
+        scraped = [_scrape(port) for port in ports]
+        sent = sum(_total(s, "anarchon_runs_sent_total", job="every") for s in scraped)
+        won = sum(_total(s, "anarchon_claims_total", job="every", outcome="won") for s in scraped)
+        lost = sum(_total(s, "anarchon_claims_total", job="every", outcome="lost") for s in scraped)
+        timed = sum(_total(s, "anarchon_lateness_seconds_count", job="every") for s in scraped)
+        skipped = sum(_total(s, "anarchon_runs_skipped_total", job="every", reason="paused") for s in scraped)
+        queued = [slot for slot in sent_slots(broker_url, f"{prefix}tasks")]
+        assert sent == won == timed == len(queued) == len(set(queued)) > 2, (sent, won, timed, len(queued))
+        assert lost >= 1  # two beats claimed the same runs
+        assert skipped >= 1
+        for samples in scraped:
+            assert _total(samples, "anarchon_alive") == _total(samples, "anarchon_ready") == 1
+            assert _total(samples, "anarchon_jobs") == 4
+            assert _total(samples, "anarchon_next_run_timestamp_seconds", job="every") > time.time() - 1
+            assert _total(samples, "anarchon_backend_round_trip_seconds_count") >= 1
+        latest = max(_total(s, "anarchon_last_sent_timestamp_seconds", job="every") for s in scraped)
+        assert max(queued) / 1000 <= latest < time.time()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert proc.wait(30) == 0
+    finally:
+        for proc in procs:
+            kill(proc)
+        delete_redis_keys(redis_url, prefix)
