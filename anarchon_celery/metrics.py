@@ -144,8 +144,8 @@ class BeatMetrics:
             self.lateness.labels(job).observe(max(0.0, (outcome.at_ms - run.slot) / 1000))
             if run.coalesced:
                 self.caught_up.labels(job).inc(run.coalesced)
-            with self._lock:
-                self._last_sent[job] = outcome.at_ms / 1000
+            with self._lock:  # (the sends of a batch end in any order)
+                self._last_sent[job] = max(self._last_sent.get(job, 0.0), outcome.at_ms / 1000)
 
     def events(self, events: Sequence[tuple[str, bytes, int]]) -> None:
         """The history events this instance records (job, event, size): runs skipped and paused."""
@@ -193,6 +193,19 @@ class _Live:
 
     def __init__(self, metrics: BeatMetrics) -> None:
         self.metrics = metrics
+        #: Each job's next slot as last worked out, with the job it was worked out for: a cron's
+        #: next slot takes tens of microseconds, and a scrape must not hold the loop up (the GIL)
+        #: for every job each time.
+        self._next: dict[str, tuple[Job, int]] = {}
+        self._lock = threading.Lock()  # (scrapes may come at once)
+
+    def _next_slot(self, name: str, job: Job, now: int) -> int:
+        known = self._next.get(name)
+        if known is not None and known[0] is job and known[1] > now:
+            return known[1]
+        slot = job.next_slot(now)
+        self._next[name] = (job, slot)
+        return slot
 
     def describe(self) -> list[Any]:
         return []
@@ -206,10 +219,11 @@ class _Live:
         nxt = GaugeMetricFamily(
             "anarchon_next_run_timestamp_seconds", "When each job's next run is due.", labels=["job"]
         )
-        for name, job in sorted(jobs.items()):
-            slot = job.next_slot(now)
-            if slot is not None:
-                nxt.add_metric([name], slot / 1000)
+        with self._lock:
+            for name, job in sorted(jobs.items()):
+                nxt.add_metric([name], self._next_slot(name, job, now) / 1000)
+            for gone in self._next.keys() - jobs.keys():
+                del self._next[gone]
         yield nxt
         sent = GaugeMetricFamily(
             "anarchon_last_sent_timestamp_seconds", "When this instance last sent a run of each job.", labels=["job"]

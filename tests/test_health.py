@@ -101,6 +101,64 @@ def test_the_probe_settings_default_to_off() -> None:
         Settings.from_app(app)
 
 
+def test_the_metrics_count_what_the_scheduler_tells_them() -> None:
+    """Claims by outcome, sends by trigger (a backup's as takeover), failures, lateness from the
+    slot, catch-up, skips from history events, outages; and each job's next run at a scrape."""
+    import datetime as dt
+    import uuid
+
+    from anarchon_celery import metrics
+    from anarchon_celery.backends import Claim, Outcome
+    from anarchon_celery.health import Health
+    from anarchon_celery.history import encode_event
+    from anarchon_celery.jobs import make_job
+    from anarchon_celery.sending import Outgoing, SendOutcome
+
+    counted = metrics.beat_metrics()
+    name = f"m{uuid.uuid4().hex[:8]}"
+    job = make_job(name, {"task": "t", "schedule": "0 3 * * *"}, Settings(), dt.timezone.utc)
+
+    def value(metric: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(metric, labels) or 0.0
+
+    counted.claimed([Claim(name, 1000), Claim(name, 2000), Claim(name, 3000)], [Outcome.WON, Outcome.LOST, Outcome.WON])
+    slot = 1_800_000_000_000
+    counted.sends(
+        [
+            SendOutcome(Outgoing(job, slot, "a", "a", "schedule", slot + 60_000, 1), slot + 250, None),
+            SendOutcome(Outgoing(job, slot, "b", "b", "schedule", slot + 60_000, 2), slot + 5_000, None),
+            SendOutcome(Outgoing(job, slot, "c", "c", "catch_up", slot + 60_000, 1, 3), slot + 100, None),
+            SendOutcome(Outgoing(job, slot, "d", "d", "schedule", slot + 60_000, 1), slot + 100, OSError("x")),
+        ]
+    )
+    paused = encode_event("paused", run="r", job=name, at_ms=slot, slot=slot, instance="i")
+    skipped = encode_event("skipped", run="s", job=name, at_ms=slot, slot=slot, reason="overlap", instance="i")
+    counted.events([(name, paused, 5), (name, skipped, 5)])
+    counted.too_late(name)
+    assert value("anarchon_claims_total", job=name, outcome="won") == 2
+    assert value("anarchon_claims_total", job=name, outcome="lost") == 1
+    assert value("anarchon_runs_sent_total", job=name, trigger="schedule") == 1
+    assert value("anarchon_runs_sent_total", job=name, trigger="takeover") == 1
+    assert value("anarchon_runs_sent_total", job=name, trigger="catch_up") == 1
+    assert value("anarchon_send_failures_total", job=name) == 1
+    assert value("anarchon_runs_caught_up_total", job=name) == 3
+    assert value("anarchon_lateness_seconds_count", job=name) == 3
+    assert value("anarchon_lateness_seconds_sum", job=name) == pytest.approx(5.35)
+    assert value("anarchon_lateness_seconds_bucket", job=name, le="0.25") == 2
+    for reason in ("paused", "overlap", "too_late"):
+        assert value("anarchon_runs_skipped_total", job=name, reason=reason) == 1
+    outages = value("anarchon_outages_total")
+    counted.outage(True)
+    counted.outage(True)
+    counted.outage(False)
+    assert value("anarchon_outages_total") == outages + 1
+    counted.attach(lambda: ({name: job}, Health(True, False, "alive, not ready: stopping")))
+    now = time.time()
+    assert value("anarchon_next_run_timestamp_seconds", job=name) == job.next_slot(int(now * 1000)) / 1000
+    assert value("anarchon_last_sent_timestamp_seconds", job=name) == (slot + 5_000) / 1000
+    assert (value("anarchon_alive"), value("anarchon_ready"), value("anarchon_jobs")) == (1, 0, 1)
+
+
 # -- real beats -----------------------------------------------------------------------------------
 
 
@@ -140,7 +198,7 @@ def _health_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture
-def stores(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Callable[[str], str]:
+def stores(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[Callable[[str], str]]:
     """The backend URL of each kind of store, its records under ``prefix`` deleted afterwards."""
     made: list[tuple[str, str]] = []
 
@@ -166,11 +224,7 @@ def stores(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Calla
 def test_a_beat_says_it_is_alive_and_ready_and_a_pause_keeps_it_so(
     kind: str, stores: Callable[[str], str], beat_env: dict[str, str], tmp_path: Path
 ) -> None:
-    port = free_port()
-    env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1")
-    backend = stores(kind)
-    if backend:
-        env["HISTORY_APP_BACKEND"] = backend
+    port, env = _probed(beat_env, stores(kind))
     log = tmp_path / "beat.log"
     proc = start_beat(env, log)
     try:
@@ -219,6 +273,16 @@ def _via(proxy: Proxy, redis_url: str) -> str:
     return f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
 
 
+def _probed(beat_env: dict[str, str], backend: str = "", **settings: str) -> tuple[int, dict[str, str]]:
+    """A free port, and the environment of a beat serving its probes there (a job every second,
+    its runs decided in ``backend``: the broker when empty)."""
+    port = free_port()
+    env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1", **settings)
+    if backend:
+        env["HISTORY_APP_BACKEND"] = backend
+    return port, env
+
+
 @pytest.mark.processes
 @pytest.mark.broker
 @pytest.mark.stores
@@ -228,12 +292,9 @@ def test_a_loop_wedged_by_a_store_that_never_answers_fails_liveness(
 ) -> None:
     """Redis behind a proxy that stalls: the claim's read waits (the backend given 600 s), the loop
     is stuck in it, and the probe, answered by another thread, says so within the stall allowed."""
-    port = free_port()
-    env = dict(
+    port, env = _probed(
         beat_env,
-        HISTORY_APP_METRICS_PORT=str(port),
-        HISTORY_APP_EVERY="1",
-        HISTORY_APP_BACKEND=_via(redis_proxy, redis_url),
+        _via(redis_proxy, redis_url),
         HISTORY_APP_REDIS_TIMEOUT="600",
         HISTORY_APP_HEALTH_STALL_MS="3000",
     )
@@ -270,13 +331,7 @@ def test_an_outage_is_alive_but_not_ready(
     not ready, saying which store does not answer; ready again once it is back."""
     host, redis_port = redis_url.split("//", 1)[1].split("/", 1)[0].split(":")
     proxy = Proxy(target=(host, int(redis_port)))
-    port = free_port()
-    env = dict(
-        beat_env,
-        HISTORY_APP_METRICS_PORT=str(port),
-        HISTORY_APP_EVERY="1",
-        HISTORY_APP_BACKEND=_via(proxy, redis_url),
-    )
+    port, env = _probed(beat_env, _via(proxy, redis_url))
     log = tmp_path / "beat.log"
     proc = start_beat(env, log)
     back: Proxy | None = None
@@ -306,8 +361,7 @@ def test_an_outage_is_alive_but_not_ready(
 @pytest.mark.broker
 @pytest.mark.timeout(180)
 def test_a_worker_running_the_beat_serves_the_probes(beat_env: dict[str, str], tmp_path: Path) -> None:
-    port = free_port()
-    env = dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1")
+    port, env = _probed(beat_env)
     log = tmp_path / "worker.log"
     args = ["worker", "-B", "--scheduler", "anarchon_celery.Scheduler", "-l", "info", "-c", "1", "--pidfile="]
     args += ["-s", str(tmp_path / "schedule")]
@@ -379,11 +433,7 @@ def test_the_metrics_of_two_beats_add_up_to_the_runs_sent(
 ) -> None:
     """Two beats share a job every second on Redis; once it is paused (no send after), their
     counters summed equal the task messages in the queue, and each run sent was timed once."""
-    ports = [free_port(), free_port()]
-    envs = [
-        dict(beat_env, HISTORY_APP_METRICS_PORT=str(port), HISTORY_APP_EVERY="1", HISTORY_APP_BACKEND=redis_url)
-        for port in ports
-    ]
+    ports, envs = zip(*(_probed(beat_env, redis_url) for _ in range(2)))
     logs = [tmp_path / f"beat-{n}.log" for n in range(2)]
     procs = [start_beat(env, log) for env, log in zip(envs, logs)]
     try:
