@@ -15,7 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from . import stopping
+from . import metrics, stopping
 from .errors import AnarchonError
 from .health import Health, Heartbeat
 from .metrics import exposition
@@ -128,9 +128,10 @@ class BeatProbes:
             )
             return
         logger.info(
-            "anarchon: health probes served on http://%s:%d/healthz and /readyz, metrics on /metrics",
+            "anarchon: health probes served on http://%s:%d/healthz and /readyz, %s",
             settings.metrics_address,
             self.server.port,
+            "metrics on /metrics" if metrics.AVAILABLE else "no metrics (install anarchon_celery[metrics] for them)",
         )
 
     def set_up(self, reachable: bool) -> None:

@@ -284,6 +284,15 @@ def test_a_backlog_in_the_queue_does_not_run_back_to_back(
     assert len([start for start, _, _ in executions if start < first + 3]) <= 2, executions  # not a burst
 
 
+def _gil_terms(seconds: float) -> int:
+    """How many terms one ``sum(range(n))`` needs to hold the GIL about ``seconds`` on this
+    machine now (a fixed count took 0.7 s on one run and 4 s on another)."""
+    started = time.perf_counter()
+    sum(range(10**7))
+    took = max(time.perf_counter() - started, 1e-3)
+    return min(int(10**7 * seconds / took), 10**10)
+
+
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
@@ -298,7 +307,7 @@ def test_a_task_holding_the_gil_past_the_lease_is_told_not_silent(
         prefix,
         f"sqlite:///{tmp_path / 'anarchon.db'}",
         log,
-        OVERLAP_APP_GIL=str(6 * 10**7),  # about 2 to 4 s of one sum() here
+        OVERLAP_APP_GIL=str(_gil_terms(3.0)),  # one sum() of about 3 s: three times the lease
         OVERLAP_APP_LEASE_MS="1000",
         OVERLAP_APP_EVERY="2",
     )
