@@ -265,7 +265,12 @@ class Streams:
 
 
 def read_streams(
-    link: Link, names: dict[str, str], empty_s: float, decode: Callable[[bytes], dict[str, Any] | None]
+    link: Link,
+    names: dict[str, str],
+    empty_s: float,
+    decode: Callable[[bytes], dict[str, Any] | None],
+    *,
+    again: bool = True,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
     """Read streams to their end (``names``: a key to each stream; a missing one holds nothing):
     each stream's records as ``decode`` makes them (None: left out), by key, and the highest
@@ -318,6 +323,11 @@ def read_streams(
         raise
     except link.errors() as exc:
         link.discard(connection_lost=True)
+        if again and isinstance(exc, amqp.exceptions.InternalError):
+            # RabbitMQ 3.10 fails a consume on a stream declared a moment before, whose member has
+            # not started yet, with 541 (stream_not_found in its log), closing the connection.
+            time.sleep(0.2)
+            return read_streams(link, names, empty_s, decode, again=False)
         raise BrokerError(f"cannot read {', '.join(names.values())} from {link.connection.as_uri()}: {exc}") from exc
     return events, {key: read.reached[key] for key in existing if key in read.reached}
 
