@@ -40,12 +40,10 @@ class Heartbeat:
         self.stall_s = stall_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._started = clock()
-        self._mark = self._started
+        self._mark = clock()
         self._wake_at: float | None = None  # set while asleep: when the loop said it would wake
         self._turns = 0
         self._set_up = False
-        self._stopping = False
 
     def set_up(self) -> None:
         """The schedule is set up: the loop's first turn comes next."""
@@ -67,19 +65,15 @@ class Heartbeat:
             self._turns += 1
             self._mark, self._wake_at = now, now + max(0.0, seconds)
 
-    def stopping(self) -> None:
-        """A stop was asked for: no longer ready (the loop finishes the runs in progress)."""
-        with self._lock:
-            self._stopping = True
-
-    def check(self, in_outage: bool, backend: str) -> Health:
+    def check(self, in_outage: bool, backend: str, stopping: bool = False) -> Health:
         """The beat's health now; ``in_outage`` is whether the backend failed the loop's last
-        calls, ``backend`` what to call it in the reason (never with a password)."""
+        calls, ``backend`` what to call it in the reason (never with a password), ``stopping``
+        whether a stop was asked for (no longer ready: the loop finishes the runs in progress)."""
         with self._lock:
             now = self._clock()
             due = self._wake_at if self._wake_at is not None else self._mark
             late = now - due
-            set_up, stopping, turns, mark = self._set_up, self._stopping, self._turns, self._mark
+            set_up, turns, mark = self._set_up, self._turns, self._mark
             asleep = self._wake_at is not None
         if late > self.stall_s:
             where = "in its set-up" if not set_up else "past its wake-up" if asleep else "in a turn"

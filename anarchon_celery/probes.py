@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from . import metrics, stopping
 from .errors import AnarchonError
 from .health import Health, Heartbeat
-from .metrics import exposition
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -72,7 +71,7 @@ def _handler(server: ProbeServer) -> type[BaseHTTPRequestHandler]:
             self._answer(200 if good else 503, health.reason)
 
         def _metrics(self) -> None:
-            made = exposition()
+            made = metrics.exposition()
             if made is None:
                 self._answer(404, "no metrics: install prometheus-client (pip install 'anarchon_celery[metrics]')")
                 return
@@ -157,11 +156,9 @@ class BeatProbes:
 
     def health(self) -> Health:
         backend = self.backend
-        if stopping.requested():
-            self.heartbeat.stopping()
         if backend is None:
-            return self.heartbeat.check(False, "the backend")
-        return self.heartbeat.check(backend.in_outage() or not self.answered, backend.describe())
+            return self.heartbeat.check(False, "the backend", stopping.requested())
+        return self.heartbeat.check(backend.in_outage() or not self.answered, backend.describe(), stopping.requested())
 
     def stop(self) -> None:
         if self.server is not None:

@@ -79,9 +79,11 @@ def test_an_outage_or_a_stop_is_alive_but_not_ready() -> None:
     assert away.live and not away.ready
     assert away.reason == "alive, not ready: Redis at redis://127.0.0.1:6379/0 does not answer; runs are not claimed"
     assert beat.check(False, "Redis").ready
-    beat.stopping()
-    assert beat.check(False, "Redis") == beat.check(False, "Redis")
-    assert beat.check(False, "Redis").live and beat.check(False, "Redis").reason == "alive, not ready: stopping"
+    assert beat.check(False, "Redis", True) == beat.check(False, "Redis", True)
+    assert (
+        beat.check(False, "Redis", True).live
+        and beat.check(False, "Redis", True).reason == "alive, not ready: stopping"
+    )
 
 
 @pytest.mark.parametrize("port", [True, -1, 65536, "9808", 1.5])
