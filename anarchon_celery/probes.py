@@ -137,22 +137,22 @@ class BeatProbes:
         self.answered = reachable
         self.heartbeat.set_up()
 
-    def reach(self) -> None:
+    def reach(self) -> bool:
         """While the backend has not answered since the start, ask it again now and then (a beat
-        with no run due for hours would not know it came back). The wait is the backend's own
-        connect timeout, at a time when no run can be claimed anyway."""
+        with no run due for hours would not know it came back); whether it answered just now.
+        The wait is the backend's own connect timeout, at a time when no run can be claimed anyway."""
         if self.answered or self.backend is None:
-            return
+            return False
         now = time.monotonic()
         if now - self._tried_at < self.OPEN_AGAIN_S:
-            return
+            return False
         self._tried_at = now
         try:
             self.backend.open()
         except AnarchonError:
-            return
+            return False
         self.answered = True
-        logger.info("anarchon: %s answers: runs are claimed", self.backend.describe())
+        return True
 
     def health(self) -> Health:
         backend = self.backend

@@ -122,9 +122,6 @@ class Scheduler(beat.Scheduler):
         self.metrics.attach(lambda: (dict(self.jobs), self.probes.health()))
         self.paused_runs = PausedRuns(self.jobs, self.instance, backend.prefix)
         start = clock.now_ms()
-        for job in self.jobs.values():
-            if reachable and job.history_size:
-                backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
         self._plan.start(start)
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
@@ -133,16 +130,12 @@ class Scheduler(beat.Scheduler):
             self.leases = LeaseBook(store, self.instance)
             self.leases.on_handed_back = self.metrics.handed_back
             self.store_runs = StoreRuns(self.jobs, self.instance, backend)
-            if reachable:
-                store.handed_back()  # listening from now on
-        if reachable:
-            self.tasks.connect_ahead()
         self.signals.install()
         for warning in backend.job_warnings(list(self.jobs.values()), start):
             logger.warning("anarchon: %s", warning)
         self.probes.set_up(reachable)
         if reachable:
-            logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+            self._set_up_with(backend)
         else:
             logger.warning(
                 "anarchon: started as %s with %d job(s), not ready: waiting for %s",
@@ -150,6 +143,17 @@ class Scheduler(beat.Scheduler):
                 len(self.jobs),
                 backend.describe(),
             )
+
+    def _set_up_with(self, backend: Backend) -> None:
+        """The set-up that needs the backend to answer: at the start, or when it first answers
+        (a beat started while it was away)."""
+        for job in self.jobs.values():
+            if job.history_size:
+                backend.ensure_history(job.name, job.history_size)  # before any worker writes to it
+        if backend.lease_store is not None:
+            backend.lease_store.handed_back()  # listening from now on
+        self.tasks.connect_ahead()
+        logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
 
     def _configure(self) -> tuple[Deployment, bool]:
         """The jobs, settings and backend, the backend opened; and whether it answered. A
@@ -208,7 +212,12 @@ class Scheduler(beat.Scheduler):
         """Before the runs: the backend's upkeep, the leases handed back to this instance as a
         backup, the store told again of runs sent, the task connection kept up."""
         backend.maintain()
-        self.probes.reach()
+        if self.probes.reach():
+            try:
+                self._set_up_with(backend)
+            except AnarchonError as exc:
+                logger.warning("anarchon: %s; the set-up is tried again", exc)
+                self.probes.answered = False
         if self.leases is not None:
             if self._plan.queue.has_backups():  # (what is told meanwhile waits to be read)
                 self.leases.hear_hand_backs(self._plan.queue)

@@ -74,8 +74,28 @@ def _services(request: pytest.FixtureRequest) -> Iterator[None]:
     if not (touches or _SERVICE_FIXTURES & set(request.fixturenames)):
         yield
         return
-    with services_lock(exclusive):
+    with contextlib.ExitStack() as held:
+        _timer(item, on=False)
+        try:
+            held.enter_context(services_lock(exclusive))
+        finally:
+            _timer(item, on=True)
         yield
+
+
+def _timer(item: pytest.Item, on: bool) -> None:
+    """Stop or start again the test's timeout: the minutes it waits for the services' lock,
+    behind the tests that run alone, are not its own."""
+    import pytest_timeout
+
+    settings = pytest_timeout._get_item_settings(item)  # (the plugin's own reading of the marks)
+    if not settings.timeout or settings.func_only:
+        return
+    hook = item.config.pluginmanager.hook
+    if on:
+        hook.pytest_timeout_set_timer(item=item, settings=settings)
+    else:
+        hook.pytest_timeout_cancel_timer(item=item)
 
 
 def _broker_up() -> bool:

@@ -57,6 +57,8 @@ _TABLES = create_sql(SQLITE)
 #: SQLite's primary result codes that trying again cannot cure: SQLITE_PERM, SQLITE_READONLY,
 #: SQLITE_CORRUPT, SQLITE_CANTOPEN, SQLITE_AUTH, SQLITE_NOTADB.
 _PERMANENT_CODES = frozenset({3, 8, 11, 14, 23, 26})
+#: SQLITE_BUSY and SQLITE_LOCKED: another connection holds the lock; tried again.
+_BUSY_CODES = frozenset({5, 6})
 
 
 def _why_not_writable(path: str) -> str:
@@ -219,10 +221,27 @@ class SQLiteBackend(SqlBackend):
                 "locks do not hold: a run could be won twice. Put it on a local disk, or use the "
                 "Redis or PostgreSQL backend for instances on several hosts"
             )
-        try:
-            db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise self._unusable("open", exc) from exc
+        # Two processes opening a new file at once: the switch to write-ahead logging can fail
+        # at once with "database is locked", without waiting for the busy timeout (SQLite does
+        # not call the busy handler there). Tried again until the timeout, as a write would wait.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                db = self._open_once()
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF not in _BUSY_CODES or time.monotonic() >= deadline:
+                    raise self._unusable("open", exc) from exc
+                time.sleep(0.05)
+                continue
+            except sqlite3.Error as exc:
+                raise self._unusable("open", exc) from exc
+            break
+        self._db, self._pid = db, os.getpid()
+        return db
+
+    def _open_once(self) -> sqlite3.Connection:
+        """The database opened, in write-ahead logging, its tables made and its schema checked."""
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -240,13 +259,9 @@ class SQLiteBackend(SqlBackend):
                 raise ConfigError(
                     f"SQLite database {self.path} has anarchon schema {schema}; this release reads schema {SCHEMA}"
                 )
-        except sqlite3.Error as exc:
-            db.close()
-            raise self._unusable("use", exc) from exc
-        except ConfigError:
+        except BaseException:
             db.close()
             raise
-        self._db, self._pid = db, os.getpid()
         return db
 
     @contextlib.contextmanager
