@@ -66,26 +66,26 @@ class BeatMetrics:
             return
         p, r = prometheus_client, REGISTRY
         self.claims = p.Counter(
-            "anarchon_claims", "Claims this instance made, by job and outcome.", ["job", "outcome"], registry=r
+            "anarchon_claims", "Claims this instance made, by job and outcome.", ["anarchon_job", "outcome"], registry=r
         )
         self.sent = p.Counter(
             "anarchon_runs_sent",
             "Runs whose task this instance sent, by job and trigger (schedule, catch_up, buffered, takeover).",
-            ["job", "trigger"],
+            ["anarchon_job", "trigger"],
             registry=r,
         )
         self.send_failures = p.Counter(
-            "anarchon_send_failures", "Runs won whose task could not be sent, by job.", ["job"], registry=r
+            "anarchon_send_failures", "Runs won whose task could not be sent, by job.", ["anarchon_job"], registry=r
         )
         self.skipped = p.Counter(
             "anarchon_runs_skipped",
             "Runs not sent, by job and reason: too_late (found past max_late_ms by this instance), paused, "
             "overlap, overlap_buffer_full, catch_up_window, catch_up_cap.",
-            ["job", "reason"],
+            ["anarchon_job", "reason"],
             registry=r,
         )
         self.caught_up = p.Counter(
-            "anarchon_runs_caught_up", "Missed runs a catch-up run stood for, by job.", ["job"], registry=r
+            "anarchon_runs_caught_up", "Missed runs a catch-up run stood for, by job.", ["anarchon_job"], registry=r
         )
         self.hand_backs = p.Counter(
             "anarchon_runs_handed_back",
@@ -95,7 +95,7 @@ class BeatMetrics:
         self.lateness = p.Histogram(
             "anarchon_lateness_seconds",
             "From a run's slot to its task sent, by job (jitter included).",
-            ["job"],
+            ["anarchon_job"],
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
@@ -196,16 +196,18 @@ class _Live:
         #: Each job's next slot as last worked out, with the job it was worked out for: a cron's
         #: next slot takes tens of microseconds, and a scrape must not hold the loop up (the GIL)
         #: for every job each time.
-        self._next: dict[str, tuple[Job, int]] = {}
+        self._next: dict[str, tuple[Job, int, int]] = {}
         self._lock = threading.Lock()  # (scrapes may come at once)
 
-    def _next_slot(self, name: str, job: Job, now: int) -> int:
+    def _next_slots(self, name: str, job: Job, now: int) -> tuple[int, int]:
+        """The job's next two slots after ``now``."""
         known = self._next.get(name)
         if known is not None and known[0] is job and known[1] > now:
-            return known[1]
+            return known[1], known[2]
         slot = job.next_slot(now)
-        self._next[name] = (job, slot)
-        return slot
+        after = job.next_slot(slot)
+        self._next[name] = (job, slot, after)
+        return slot, after
 
     def describe(self) -> list[Any]:
         return []
@@ -217,16 +219,26 @@ class _Live:
         jobs, health = source()
         now = clock.now_ms()
         nxt = GaugeMetricFamily(
-            "anarchon_next_run_timestamp_seconds", "When each job's next run is due.", labels=["job"]
+            "anarchon_next_run_timestamp_seconds", "When each job's next run is due.", labels=["anarchon_job"]
+        )
+        period = GaugeMetricFamily(
+            "anarchon_job_period_seconds",
+            "The time between each job's next two runs (what an alert on a job not run for two periods reads).",
+            labels=["anarchon_job"],
         )
         with self._lock:
             for name, job in sorted(jobs.items()):
-                nxt.add_metric([name], self._next_slot(name, job, now) / 1000)
+                slot, after = self._next_slots(name, job, now)
+                nxt.add_metric([name], slot / 1000)
+                period.add_metric([name], (after - slot) / 1000)
             for gone in self._next.keys() - jobs.keys():
                 del self._next[gone]
         yield nxt
+        yield period
         sent = GaugeMetricFamily(
-            "anarchon_last_sent_timestamp_seconds", "When this instance last sent a run of each job.", labels=["job"]
+            "anarchon_last_sent_timestamp_seconds",
+            "When this instance last sent a run of each job.",
+            labels=["anarchon_job"],
         )
         for name, at in sorted(self.metrics.last_sent().items()):
             sent.add_metric([name], at)

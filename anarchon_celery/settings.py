@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "anarchon_metrics_port": None,  # off
     "anarchon_metrics_address": "0.0.0.0",
     "anarchon_health_stall_ms": 60_000,
+    "anarchon_worker_metrics_port": None,  # off
 }
 
 #: Settings only a backend with leases (SQLite, Redis, PostgreSQL) takes: set on another, an error.
@@ -242,6 +243,8 @@ class Settings:
     #: How long the scheduler loop may go without a sign of progress (past the end of the sleep
     #: it announced) before its liveness probe fails.
     health_stall_ms: int = 60_000
+    #: The port each worker serves its own metrics on (on ``metrics_address``); None: none.
+    worker_metrics_port: int | None = None
     #: The settings the app gave (the others are defaults), without the ``anarchon_`` prefix.
     given: frozenset[str] = frozenset()
     #: How the app spelt the settings it gave (``CELERY_ANARCHON_LEASE_MS``), by key, for messages.
@@ -261,6 +264,7 @@ class Settings:
         object.__setattr__(self, "catch_up", check_catch_up(f"{_OURS}catch_up", self.catch_up))
         object.__setattr__(self, "overlap", check_overlap(f"{_OURS}overlap", self.overlap))
         check_port(f"{_OURS}metrics_port", self.metrics_port)
+        check_port(f"{_OURS}worker_metrics_port", self.worker_metrics_port)
         if not isinstance(self.metrics_address, str):
             raise ConfigError(f"{_OURS}metrics_address must be a string, not {self.metrics_address!r}")
 
@@ -296,7 +300,7 @@ class Settings:
                 values[key] = check_catch_up(spelling.shown(name, present), values[key])
             elif key == "overlap":
                 values[key] = check_overlap(spelling.shown(name, present), values[key])
-            elif key == "metrics_port":
+            elif key in ("metrics_port", "worker_metrics_port"):
                 values[key] = check_port(spelling.shown(name, present), values[key])
             elif key in ("prefix", "metrics_address") and not isinstance(values[key], str):
                 raise ConfigError(f"{spelling.shown(name, present)} must be a string, not {values[key]!r}")

@@ -8,9 +8,10 @@ Every fenced block of ``docs/`` and of the README is one of:
   that shows another library's configuration, for comparison, starts with ``# before: <library>``
   and is not run;
 * ``sh``: each command is run (``celery -A proj ...`` against a RabbitMQ vhost of its own,
-  ``python3 -m pytest ...`` collected) or, for the commands that set up a machine or run for
-  minutes (``pip install``, the demo, the benchmarks, the RabbitMQ scripts), checked against what
-  they accept: the extras, the options and sub-commands their ``--help`` lists;
+  ``python3 -m pytest ...`` collected, ``promtool`` run on the repository's rules) or, for the
+  commands that set up a machine or run for minutes (``pip install``, the demo, the benchmarks,
+  the RabbitMQ scripts), checked against what they accept: the extras, the options and
+  sub-commands their ``--help`` lists;
 * ``yaml``: parsed, and the container commands it names are run as ``sh`` ones;
 * ``text``: output, logs and layouts, not examples;
 * a MyST directive: ``literalinclude`` of a file under ``docs/examples/``, which a test here runs.
@@ -24,6 +25,7 @@ import inspect
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -439,6 +441,11 @@ def test_other_commands_are_what_the_repository_accepts(where: str, command: lis
         _check_against_help(where, [sys.executable, command[1]], command[2:])
     elif command[0].startswith("scripts/"):
         _check_against_help(where, [str(ROOT / command[0])], command[1:])
+    elif command[0] == "promtool":  # Prometheus' (the CI installs it): run on the repository's rules
+        if shutil.which("promtool") is None and not os.environ.get("CI"):
+            pytest.skip("no promtool here (apt-get install prometheus)")
+        done = run(command)
+        assert done.returncode == 0, f"{where}: {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
     else:
         pytest.fail(f"{where}: the suite does not know how to run {shlex.join(command)}")
 

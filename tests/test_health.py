@@ -137,18 +137,18 @@ def test_the_metrics_count_what_the_scheduler_tells_them() -> None:
     skipped = encode_event("skipped", run="s", job=name, at_ms=slot, slot=slot, reason="overlap", instance="i")
     counted.events([(name, paused, 5), (name, skipped, 5)])
     counted.too_late(name)
-    assert value("anarchon_claims_total", job=name, outcome="won") == 2
-    assert value("anarchon_claims_total", job=name, outcome="lost") == 1
-    assert value("anarchon_runs_sent_total", job=name, trigger="schedule") == 1
-    assert value("anarchon_runs_sent_total", job=name, trigger="takeover") == 1
-    assert value("anarchon_runs_sent_total", job=name, trigger="catch_up") == 1
-    assert value("anarchon_send_failures_total", job=name) == 1
-    assert value("anarchon_runs_caught_up_total", job=name) == 3
-    assert value("anarchon_lateness_seconds_count", job=name) == 3
-    assert value("anarchon_lateness_seconds_sum", job=name) == pytest.approx(5.35)
-    assert value("anarchon_lateness_seconds_bucket", job=name, le="0.25") == 2
+    assert value("anarchon_claims_total", anarchon_job=name, outcome="won") == 2
+    assert value("anarchon_claims_total", anarchon_job=name, outcome="lost") == 1
+    assert value("anarchon_runs_sent_total", anarchon_job=name, trigger="schedule") == 1
+    assert value("anarchon_runs_sent_total", anarchon_job=name, trigger="takeover") == 1
+    assert value("anarchon_runs_sent_total", anarchon_job=name, trigger="catch_up") == 1
+    assert value("anarchon_send_failures_total", anarchon_job=name) == 1
+    assert value("anarchon_runs_caught_up_total", anarchon_job=name) == 3
+    assert value("anarchon_lateness_seconds_count", anarchon_job=name) == 3
+    assert value("anarchon_lateness_seconds_sum", anarchon_job=name) == pytest.approx(5.35)
+    assert value("anarchon_lateness_seconds_bucket", anarchon_job=name, le="0.25") == 2
     for reason in ("paused", "overlap", "too_late"):
-        assert value("anarchon_runs_skipped_total", job=name, reason=reason) == 1
+        assert value("anarchon_runs_skipped_total", anarchon_job=name, reason=reason) == 1
     outages = value("anarchon_outages_total")
     counted.outage(True)
     counted.outage(True)
@@ -156,8 +156,8 @@ def test_the_metrics_count_what_the_scheduler_tells_them() -> None:
     assert value("anarchon_outages_total") == outages + 1
     counted.attach(lambda: ({name: job}, Health(True, False, "alive, not ready: stopping")))
     now = time.time()
-    assert value("anarchon_next_run_timestamp_seconds", job=name) == job.next_slot(int(now * 1000)) / 1000
-    assert value("anarchon_last_sent_timestamp_seconds", job=name) == (slot + 5_000) / 1000
+    assert value("anarchon_next_run_timestamp_seconds", anarchon_job=name) == job.next_slot(int(now * 1000)) / 1000
+    assert value("anarchon_last_sent_timestamp_seconds", anarchon_job=name) == (slot + 5_000) / 1000
     assert (value("anarchon_alive"), value("anarchon_ready"), value("anarchon_jobs")) == (1, 0, 1)
 
 
@@ -459,11 +459,11 @@ def test_the_metrics_of_two_beats_add_up_to_the_runs_sent(
             time.sleep(0.2)
         time.sleep(1.5)  # (a send in progress when the pause came is over)
         scraped = [_scrape(port) for port in ports]
-        sent = sum(_total(s, "anarchon_runs_sent_total", job="every") for s in scraped)
-        won = sum(_total(s, "anarchon_claims_total", job="every", outcome="won") for s in scraped)
-        lost = sum(_total(s, "anarchon_claims_total", job="every", outcome="lost") for s in scraped)
-        timed = sum(_total(s, "anarchon_lateness_seconds_count", job="every") for s in scraped)
-        skipped = sum(_total(s, "anarchon_runs_skipped_total", job="every", reason="paused") for s in scraped)
+        sent = sum(_total(s, "anarchon_runs_sent_total", anarchon_job="every") for s in scraped)
+        won = sum(_total(s, "anarchon_claims_total", anarchon_job="every", outcome="won") for s in scraped)
+        lost = sum(_total(s, "anarchon_claims_total", anarchon_job="every", outcome="lost") for s in scraped)
+        timed = sum(_total(s, "anarchon_lateness_seconds_count", anarchon_job="every") for s in scraped)
+        skipped = sum(_total(s, "anarchon_runs_skipped_total", anarchon_job="every", reason="paused") for s in scraped)
         queued = [slot for slot in sent_slots(broker_url, f"{prefix}tasks")]
         assert sent == won == timed == len(queued) == len(set(queued)) > 2, (sent, won, timed, len(queued))
         assert lost >= 1  # two beats claimed the same runs
@@ -471,9 +471,9 @@ def test_the_metrics_of_two_beats_add_up_to_the_runs_sent(
         for samples in scraped:
             assert _total(samples, "anarchon_alive") == _total(samples, "anarchon_ready") == 1
             assert _total(samples, "anarchon_jobs") == 4
-            assert _total(samples, "anarchon_next_run_timestamp_seconds", job="every") > time.time() - 1
+            assert _total(samples, "anarchon_next_run_timestamp_seconds", anarchon_job="every") > time.time() - 1
             assert _total(samples, "anarchon_backend_round_trip_seconds_count") >= 1
-        latest = max(_total(s, "anarchon_last_sent_timestamp_seconds", job="every") for s in scraped)
+        latest = max(_total(s, "anarchon_last_sent_timestamp_seconds", anarchon_job="every") for s in scraped)
         assert max(queued) / 1000 <= latest < time.time()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -65,12 +65,13 @@ class Deployment:
         self.unique = env["OVERLAP_APP_PREFIX"].strip(".")
         self.procs: dict[str, Any] = {}
 
-    def start(self, name: str, args: list[str]) -> Any:
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Any:
+        """Start a process of the app, with ``env`` added to the deployment's environment."""
         log = self.tmp_path / f"{name}.log"
-        self.procs[name] = start_celery(args, log, self.env, app=APP, cwd=ROOT)
+        self.procs[name] = start_celery(args, log, {**self.env, **(env or {})}, app=APP, cwd=ROOT)
         return self.procs[name]
 
-    def worker(self, name: str, concurrency: int = 2, pool: str = "prefork") -> Any:
+    def worker(self, name: str, concurrency: int = 2, pool: str = "prefork", env: dict[str, str] | None = None) -> Any:
         proc = self.start(
             name,
             [
@@ -85,13 +86,15 @@ class Deployment:
                 f"{name}-{self.unique}@%h",
                 "--without-heartbeat",
             ],
+            env,
         )
         wait_for_line(self.tmp_path / f"{name}.log", "ready", proc, 60)
         return proc
 
-    def beats(self, count: int = 2) -> None:
+    def beats(self, count: int = 2, envs: list[dict[str, str]] | None = None) -> None:
         for n in range(count):
-            self.start(f"beat-{n}", ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="])
+            args = ["beat", "-S", "anarchon_celery.Scheduler", "-l", "info", "--pidfile="]
+            self.start(f"beat-{n}", args, envs[n] if envs else None)
         for n in range(count):
             wait_for_line(self.tmp_path / f"beat-{n}.log", "anarchon: ready as", self.procs[f"beat-{n}"], 60)
 

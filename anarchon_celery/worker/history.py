@@ -51,6 +51,7 @@ from .. import clock
 from ..history import encode_event
 from ..task_run import run_headers_of
 from . import holding, splits, start_check
+from .metrics import worker_metrics
 from .start_check import holder_of, worker_name
 
 __all__ = ["BUFFER_EVENTS", "FLUSH_TIMEOUT_S", "LINGER_S", "RETRY_MAX_S", "flush"]
@@ -153,6 +154,7 @@ class _Writer:
             queue = self._queues.setdefault(job, deque())
             queue.append(_Event(self._seq, job, body, history_size))
             self._waiting += 1
+            worker_metrics().buffered(1)
             if len(queue) == 1 or self._waiting == BATCH_EVENTS:  # else the thread knows already
                 self._cond.notify_all()
 
@@ -164,6 +166,8 @@ class _Writer:
             del self._queues[oldest]
         self._waiting -= 1
         self.dropped += 1
+        worker_metrics().buffered(-1)
+        worker_metrics().dropped_one()
         self._dropped_unreported += 1
         now = time.monotonic()
         if now - self._drop_warned_at >= DROP_WARNING_S:
@@ -251,6 +255,7 @@ class _Writer:
                 self.written += len(batch) - len(left)
                 self._writing = 0
                 self._cond.notify_all()
+            worker_metrics().buffered(len(left) - len(batch))  # (the events written)
 
     def _next_batch(self) -> list[_Event] | None:
         """The next events to write, taken from the queues; [] after an idle wait; None once
@@ -424,12 +429,33 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     if freed is not None:  # a run of the job whose worker stopped renewing its hold: abandoned
         _record_freed(task, freed)
     verdict = getattr(request, start_check.OVERLAP, None)
+    _count_start(request, started, verdict)
     if started:
         _record(task, request, "running")
     elif verdict == "skipped":  # its job busy with another run
         _record(task, request, "skipped", reason="overlap", **_slot_of(request))
     elif verdict == "pending":
         _record(task, request, "pending", **_slot_of(request))
+
+
+#: The reason a refused start is counted under, by the overlap verdict (None: fencing).
+_REFUSALS = {None: "fencing", "skipped": "overlap", "pending": "pending", start_check.WAIT: "duplicate"}
+
+
+def _count_start(request: Any, started: bool, verdict: str | None) -> None:
+    run = run_headers_of(request)
+    if run is None or not run["job"]:
+        return
+    if started:
+        worker_metrics().run_started(run["job"])
+    else:
+        worker_metrics().start_refused(run["job"], _REFUSALS.get(verdict, "overlap"))
+
+
+def _count_end(request: Any, status: str) -> None:
+    run = run_headers_of(request) if request is not None else None
+    if run is not None and run["job"]:
+        worker_metrics().run_finished(run["job"], status)
 
 
 def _slot_of(request: Any) -> dict[str, Any]:
@@ -456,8 +482,10 @@ def _on_postrun(sender: Any = None, task: Any = None, retval: Any = None, state:
     if not getattr(request, start_check.REFUSED, False):  # its job (protected from overlap) is free
         holding.end(task.app, request, holder_of(request), retrying=state == "RETRY")
     if state == "SUCCESS":
+        _count_end(request, "succeeded")
         _record(task, task.request, "succeeded")
     elif state == "FAILURE":
+        _count_end(request, "failed")
         _record(task, task.request, "failed", error_type=type(retval).__name__, error=str(retval))
 
 
@@ -473,6 +501,7 @@ def _on_failure(sender: Any = None, exception: BaseException | None = None, **_:
         return
     event = "abandoned" if isinstance(exception, WorkerLostError) else "failed"
     request = getattr(sender, "request", None)
+    _count_end(request, event)
     _record(sender, request, event, error_type=type(exception).__name__, error=str(exception))
     holding.end(sender.app, request, f"{worker_name(request)}#*")  # its job (protected from overlap) is free
 
@@ -491,6 +520,7 @@ def _on_revoked(
         return
     reason = "expired" if expired else "terminated" if terminated else "revoked"
     error = f"signal {signum}" if terminated and signum is not None else None
+    _count_end(request, "revoked")
     _record(sender, request, "revoked", reason=reason, error=error)
     # Its job (protected from overlap) is free: held by the process terminated, or queued.
     holding.end(sender.app, request, f"{worker_name(request)}#*" if terminated else "")

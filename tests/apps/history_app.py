@@ -61,6 +61,8 @@ if os.environ.get("HISTORY_APP_RUNTIME_CHECK_MS"):  # how soon a change not told
     app.conf.anarchon_runtime_check_ms = int(os.environ["HISTORY_APP_RUNTIME_CHECK_MS"])
 if os.environ.get("HISTORY_APP_METRICS_PORT"):  # health probes served
     app.conf.anarchon_metrics_port = int(os.environ["HISTORY_APP_METRICS_PORT"])
+if os.environ.get("HISTORY_APP_WORKER_METRICS_PORT"):  # a worker's metrics served
+    app.conf.anarchon_worker_metrics_port = int(os.environ["HISTORY_APP_WORKER_METRICS_PORT"])
 if os.environ.get("HISTORY_APP_HEALTH_STALL_MS"):
     app.conf.anarchon_health_stall_ms = int(os.environ["HISTORY_APP_HEALTH_STALL_MS"])
 if os.environ.get("HISTORY_APP_REDIS_TIMEOUT"):  # the Redis backend, its answers awaited this long

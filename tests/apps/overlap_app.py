@@ -27,6 +27,10 @@ app.conf.update(
     anarchon_history_size=500,
     beat_schedule={"slow": {"task": "overlap_app.slow", "schedule": float(os.environ.get("OVERLAP_APP_EVERY", "1"))}},
 )
+if os.environ.get("OVERLAP_APP_METRICS_PORT"):  # a beat's probes and metrics
+    app.conf.anarchon_metrics_port = int(os.environ["OVERLAP_APP_METRICS_PORT"])
+if os.environ.get("OVERLAP_APP_WORKER_METRICS_PORT"):  # a worker's metrics
+    app.conf.anarchon_worker_metrics_port = int(os.environ["OVERLAP_APP_WORKER_METRICS_PORT"])
 
 
 def _log(**line: object) -> None:
