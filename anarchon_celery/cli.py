@@ -525,4 +525,4 @@ def _listed_streams(streams: StreamHistory, rabbitmqctl: str) -> list[str]:
         ) from None
 
 
-from . import cli_ops, cli_runtime  # noqa: E402, F401 - their commands join the group
+from . import cli_ops, cli_runtime, cli_web  # noqa: E402, F401 - their commands join the group

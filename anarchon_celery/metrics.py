@@ -62,6 +62,8 @@ class BeatMetrics:
         self._last_sent: dict[str, float] = {}
         self._source: Callable[[], tuple[Mapping[str, Job], Health | None]] | None = None
         self._outage_since: float | None = None
+        #: When this process began counting (a new value: its counters started again at 0).
+        self.started_at = time.time()
         if prometheus_client is None:
             return
         p, r = prometheus_client, REGISTRY
@@ -244,6 +246,11 @@ class _Live:
             sent.add_metric([name], at)
         yield sent
         yield GaugeMetricFamily("anarchon_jobs", "The jobs this instance runs (code and runtime).", value=len(jobs))
+        yield GaugeMetricFamily(
+            "anarchon_started_timestamp_seconds",
+            "When this instance started (its counters started at 0 then).",
+            value=self.metrics.started_at,
+        )
         if health is not None:
             yield GaugeMetricFamily("anarchon_alive", "1 while the scheduler loop moves.", value=int(health.live))
             yield GaugeMetricFamily("anarchon_ready", "1 while alive and claiming.", value=int(health.ready))

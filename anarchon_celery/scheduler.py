@@ -281,7 +281,9 @@ class Scheduler(beat.Scheduler):
                 now = clock.now_ms()
                 due = self._plan.queue.take(now, self.batch_size)
                 taken += ((item, now) for item in due)
-                done += self._run(due, now)
+                sent = self._run(due, now)
+                self.metrics.sends(sent)  # (counted as they end, not with the history: a kill loses less)
+                done += sent
                 self.probes.heartbeat.progressed()
         finally:
             self._plan.queue_next(taken)
@@ -374,7 +376,9 @@ class Scheduler(beat.Scheduler):
         if self.store_runs is not None and not self.signals.pending:
             runs = self.store_runs.pending(self._outgoing)
             if runs:
-                self._record(self._send_held(runs))
+                sent = self._send_held(runs)
+                self.metrics.sends(sent)
+                self._record(sent)
 
     def _take_over(self, due: list[BackupTry], now: int) -> list[SendOutcome]:
         """The tries of runs this instance is a backup for (their winners' leases ran out): a
@@ -415,7 +419,6 @@ class Scheduler(beat.Scheduler):
         events += self.paused_runs.events()
         if self.store_runs is not None:
             events += self.store_runs.events()
-        self.metrics.sends(done)
         self.metrics.events(events)
         if events:
             self.backend.record_many(events)

@@ -83,6 +83,7 @@ class Tally(threading.Thread):
                     "slot": headers.get("anarchon_slot"),
                     "trigger": headers.get("anarchon_trigger"),
                     "coalesced": headers.get("anarchon_coalesced"),
+                    "instance": headers.get("anarchon_instance"),
                     "at_ms": now_ms(),
                 }
             )

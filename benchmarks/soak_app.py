@@ -5,7 +5,8 @@ executed by a worker that appends one line per execution to SOAK_EXECUTIONS (lea
 
 SOAK_BACKEND sets ``anarchon_backend`` (a store with leases), SOAK_LEASE_MS its lease,
 SOAK_SKEW_MS moves this process's clock as the scheduler sees it (a host whose clock is off), and
-SOAK_CATCH_UP sets ``anarchon_catch_up`` with the jobs of catch_up.py's cases."""
+SOAK_CATCH_UP sets ``anarchon_catch_up`` with the jobs of catch_up.py's cases, SOAK_METRICS_PORT
+``anarchon_metrics_port``."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ if IMPL == "anarchon":
         anarchon_slot_ttl_ms=int(os.environ.get("SOAK_SLOT_TTL_MS", "60000")),
         anarchon_history_size=int(os.environ.get("SOAK_HISTORY_SIZE", "10")),
     )
+    if os.environ.get("SOAK_METRICS_PORT"):  # metrics_soak.py: each instance's metrics, scraped
+        app.conf.anarchon_metrics_port = int(os.environ["SOAK_METRICS_PORT"])
     if os.environ.get("SOAK_LEAD_MS"):
         app.conf.anarchon_lead_ms = int(os.environ["SOAK_LEAD_MS"])
     if os.environ.get("SOAK_BACKEND"):

@@ -159,6 +159,8 @@ def test_the_metrics_count_what_the_scheduler_tells_them() -> None:
     assert value("anarchon_next_run_timestamp_seconds", anarchon_job=name) == job.next_slot(int(now * 1000)) / 1000
     assert value("anarchon_last_sent_timestamp_seconds", anarchon_job=name) == (slot + 5_000) / 1000
     assert (value("anarchon_alive"), value("anarchon_ready"), value("anarchon_jobs")) == (1, 0, 1)
+    assert value("anarchon_job_period_seconds", anarchon_job=name) == 86_400  # (a cron at 3:00, daily)
+    assert 0 < value("anarchon_started_timestamp_seconds") <= time.time()
 
 
 # -- real beats -----------------------------------------------------------------------------------

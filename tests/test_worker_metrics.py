@@ -89,6 +89,17 @@ def test_the_files_of_processes_gone_are_removed_at_start_and_the_others_kept(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([files["mine"].name, files["not ours"].name])
 
 
+def test_the_registry_to_mount_is_this_processs_or_every_processs_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(worker_side.MULTIPROC_ENV, raising=False)
+    assert worker_side.registry() is worker_side.worker_metrics().registry
+    monkeypatch.setenv(worker_side.MULTIPROC_ENV, str(tmp_path))
+    mounted = worker_side.registry()
+    assert mounted is not worker_side.worker_metrics().registry
+    assert list(mounted.collect()) == []
+
+
 # -- real beats and workers -----------------------------------------------------------------------
 
 

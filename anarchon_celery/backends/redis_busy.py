@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Start
-from .busy import Freed
+from .busy import Freed, JobBusy
 from .redis_busy_scripts import END, NEXT_PENDING, RENEW, START
 
 __all__ = ["RedisOverlap", "freed_of"]
@@ -31,6 +31,18 @@ class RedisOverlap:
     prefix: str
     lease_ms: int
     slot_ttl_ms: int
+
+    if TYPE_CHECKING:
+
+        def store_now_ms(self) -> int: ...
+
+    def busy_states(self, jobs: Sequence[str]) -> tuple[dict[str, JobBusy], int]:
+        """The overlap states of ``jobs`` that have one (the keys ``<prefix>busy.<job>``), with
+        Redis's clock; a read that frees nothing: what a page or a command shows."""
+        names = sorted(set(jobs))
+        texts = self.client.mget([f"{self.prefix}busy.{job}" for job in names]) if names else []
+        states = {job: state for job, text in zip(names, texts) if (state := JobBusy.decode(text)) is not None}
+        return states, self.store_now_ms()
 
     def _register_overlap(self) -> None:
         register = self.client.register_script

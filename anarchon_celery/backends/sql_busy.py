@@ -38,6 +38,27 @@ class SqlOverlap:
 
         def _locked_now(self, db: Any) -> int: ...
 
+        def _reading(self) -> contextlib.AbstractContextManager[Any]: ...
+
+        def _now(self, db: Any) -> int: ...
+
+    def busy_states(self, jobs: Sequence[str]) -> tuple[dict[str, JobBusy], int]:
+        """The overlap states of ``jobs`` that have one, with the store's clock, in one read that
+        locks nothing and frees nothing (a hold run out is freed by the job's next claim or start):
+        what a page or a command shows."""
+        unique = sorted(set(jobs))
+        with self._reading() as db:
+            rows = (
+                db.execute(
+                    f"SELECT job, busy FROM anarchon_jobs WHERE prefix = ? AND job IN ({', '.join('?' * len(unique))})",
+                    (self.prefix, *unique),
+                ).fetchall()
+                if unique
+                else []
+            )
+            now_ms = self._now(db)
+        return {job: state for job, text in rows if (state := JobBusy.decode(text)) is not None}, now_ms
+
     def _busy_states(self, db: Any, jobs: Sequence[str]) -> dict[str, JobBusy]:
         """The overlap states of ``jobs`` that have one, read (and locked, where the store locks
         rows: before their runs' records, as a claim does) in job order."""

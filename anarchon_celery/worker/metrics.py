@@ -26,7 +26,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 
 from .. import metrics as beat_side
 
-__all__ = ["MULTIPROC_ENV", "WorkerMetrics", "serve", "worker_metrics"]
+__all__ = ["MULTIPROC_ENV", "WorkerMetrics", "registry", "serve", "worker_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +223,21 @@ class _Exporter:
 EXPORTER = _Exporter()
 
 
+def registry() -> Any:
+    """The worker's metrics as a prometheus-client registry, to mount in a server of your own
+    (``prometheus_client.make_wsgi_app(registry())``): every process's, from their files, when
+    ``PROMETHEUS_MULTIPROC_DIR`` is set; else this process's. None without prometheus-client."""
+    p = beat_side.prometheus_client
+    if p is None:
+        return None
+    folder = os.environ.get(MULTIPROC_ENV)
+    if not folder:
+        return worker_metrics().registry
+    made = p.CollectorRegistry()
+    made.register(_WorkerFiles(folder))
+    return made
+
+
 def serve(app: Any, pool: str) -> int | None:
     """Serve the worker's metrics if ``anarchon_worker_metrics_port`` is set; the port, or None
     (off, or not possible: said in the log). ``pool`` is the pool's module (prefork, solo...)."""
@@ -246,8 +261,6 @@ def serve(app: Any, pool: str) -> int | None:
     folder = os.environ.get(MULTIPROC_ENV)
     if folder:
         cleared = clear_earlier_runs(folder)
-        registry = p.CollectorRegistry()
-        registry.register(_WorkerFiles(folder))
         how = f"from every process's files in {folder}" + (f" ({cleared} of earlier runs removed)" if cleared else "")
     elif pool.endswith("prefork"):
         logger.error(
@@ -258,11 +271,11 @@ def serve(app: Any, pool: str) -> int | None:
         )
         return None
     else:
-        registry = worker_metrics().registry
         how = "from this process"
-    registry.register(_Started())
+    served = registry()
+    served.register(_Started())
     try:
-        server, _ = p.start_http_server(settings.worker_metrics_port, settings.metrics_address, registry=registry)
+        server, _ = p.start_http_server(settings.worker_metrics_port, settings.metrics_address, registry=served)
     except OSError as exc:
         logger.error(
             "anarchon: worker metrics not served: %s:%s cannot be bound (%s); give each worker on this host "
