@@ -23,6 +23,7 @@ consumer's (slot to arrival, which adds the broker's delivery).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import signal
@@ -120,18 +121,21 @@ def _pause_all(env: dict[str, str], jobs: int) -> None:
 
     import anarchon_celery
 
+    soak_app = importlib.reload(soak_app)  # this line's prefix and backend (read at import)
+
     for n in range(jobs):
         anarchon_celery.pause(soak_app.app, f"job-{n:02d}", note="end of the metrics soak")
 
 
 def _quiet(tally: Any, seconds: float, timeout: float = 60) -> None:
-    """Until no task has come for ``seconds``."""
+    """Until no task has come for ``seconds``; RuntimeError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         last = tally.arrivals[-1]["at_ms"] / 1000 if tally.arrivals else 0
         if time.time() - last >= seconds:
             return
         time.sleep(0.5)
+    raise RuntimeError(f"tasks still came {timeout}s after every job was paused")
 
 
 def soak(backend: str, args: argparse.Namespace) -> dict[str, Any]:
