@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from .support.processes import start_celery
 from .support.prometheus import ROOT, Prometheus, available
 from .support.proxy import free_port
 from .support.stores import delete_redis_keys
+from .test_cli import celery
 from .test_faults import APP, kill, start_beat, wait_for
 from .test_health import _scrape, _total, _until
 
@@ -80,14 +80,7 @@ def test_the_dashboard_is_grafana_json_with_a_query_in_every_panel() -> None:
 
 def _history(env: dict[str, str]) -> list[Any]:
     """The runs of job ``every``, as `celery anarchon history --json` gives them."""
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "anarchon", "history", "every", "-n", "1000", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = celery(env, "anarchon", "history", "every", "-n", "1000", "--json")
     assert done.returncode == 0, done
     return json.loads(done.stdout)
 
@@ -111,14 +104,7 @@ def _rules_and_dashboard_answer(prometheus: Prometheus) -> None:
 def _pause(env: dict[str, str], logs: list[Path]) -> None:
     """Pause job ``every``; return once a beat has recorded a run of it paused."""
     offsets = [len(log.read_text()) for log in logs]
-    paused = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "anarchon", "pause", "every"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    paused = celery(env, "anarchon", "pause", "every")
     assert paused.returncode == 0, paused
     deadline = time.monotonic() + 30
     while not any(": paused" in log.read_text()[offset:] for log, offset in zip(logs, offsets)):
