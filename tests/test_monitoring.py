@@ -20,7 +20,7 @@ import pytest
 from .support.processes import start_celery
 from .support.prometheus import ROOT, Prometheus, available
 from .support.proxy import free_port
-from .support.stores import delete_redis_keys
+from .support.stores import history_app_on
 from .test_cli import celery
 from .test_faults import APP, kill, start_beat, wait_for
 from .test_health import _scrape, _total, _until
@@ -132,15 +132,16 @@ def _same_counts(prometheus: Prometheus, env: dict[str, str], beat_ports: list[i
 @needs_prometheus
 @pytest.mark.processes
 @pytest.mark.broker
-@pytest.mark.stores
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["rabbitmq", "redis", "postgres", "sqlite"])
 def test_prometheus_evaluates_the_rules_answers_the_dashboard_and_holds_what_history_has(
-    redis_url: str, prefix: str, beat_env: dict[str, str], tmp_path: Path
+    where: str, prefix: str, beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Two beats share a job every second on Redis; a worker runs it. Once the job is paused and a
-    scrape has followed, Prometheus' sums are the runs history has: each sent once, each
-    succeeded, and their lateness the same to the millisecond."""
-    env = dict(beat_env, HISTORY_APP_BACKEND=redis_url, HISTORY_APP_EVERY="1", HISTORY_APP_HISTORY_SIZE="1000")
+    """Two beats share a job every second; a worker runs it. Once the job is paused and a scrape
+    has followed, Prometheus' sums are the runs history has: each sent once, each succeeded, and
+    their lateness the same to the millisecond."""
+    env = history_app_on(where, beat_env, tmp_path, request)
+    env.update(HISTORY_APP_EVERY="1", HISTORY_APP_HISTORY_SIZE="1000")
     beat_ports = [free_port() for _ in range(2)]
     worker_port = free_port()
     logs = [tmp_path / f"beat-{n}.log" for n in range(2)]
@@ -188,4 +189,3 @@ def test_prometheus_evaluates_the_rules_answers_the_dashboard_and_holds_what_his
             prometheus.stop()
         for proc in procs:
             kill(proc)
-        delete_redis_keys(redis_url, prefix)
