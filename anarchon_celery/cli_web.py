@@ -13,6 +13,7 @@ import click
 from .cli import _app, _deployment, _fail_cleanly, anarchon
 from .errors import ConfigError
 from .web import make_app
+from .web.auth import LOOPBACK_HOSTS
 from .web.server import is_loopback, serve
 
 __all__ = ["web_command"]
@@ -52,9 +53,19 @@ def read_password(path: Path | None) -> str | None:
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"A file whose first line is the password to sign in with (else {PASSWORD_ENV}).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A name the page answers to (repeat it for several). On the loopback: localhost, 127.0.0.1 "
+    "and ::1 with these; elsewhere, when given, these only.",
+)
 @click.pass_context
 @_fail_cleanly
-def web_command(ctx: click.Context, host: str, port: int, user: str, password_file: Path | None) -> None:
+def web_command(
+    ctx: click.Context, host: str, port: int, user: str, password_file: Path | None, allowed_hosts: tuple[str, ...]
+) -> None:
     """Serve the schedules page: every job with its state, next runs and last run; each job's
     recent runs and their lateness; and forms to run a job now, pause, resume and edit it.
 
@@ -70,7 +81,10 @@ def web_command(ctx: click.Context, host: str, port: int, user: str, password_fi
             f"jobs. Give --password-file FILE or set {PASSWORD_ENV}, or serve on 127.0.0.1"
         )
     app = _app(ctx)
-    application = make_app(app, password=password, user=user, open_pages=local)
+    # On the loopback, where pages are open, only this host's own names: a website's name pointed
+    # at 127.0.0.1 (DNS rebinding) is refused. Elsewhere every page needs signing in.
+    names = [*LOOPBACK_HOSTS, host, *allowed_hosts] if local else list(allowed_hosts) or None
+    application = make_app(app, password=password, user=user, open_pages=local, allowed_hosts=names)
     with _deployment(ctx) as deployment:
         where = deployment.backend.describe()
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import clock
@@ -62,6 +62,7 @@ class BeatMetrics:
         self._last_sent: dict[str, float] = {}
         self._source: Callable[[], tuple[Mapping[str, Job], Health | None]] | None = None
         self._outage_since: float | None = None
+        self._known: set[str] = set()  # the jobs whose watched series are made
         #: When this process began counting (a new value: its counters started again at 0).
         self.started_at = time.time()
         if prometheus_client is None:
@@ -116,6 +117,20 @@ class BeatMetrics:
     def attach(self, source: Callable[[], tuple[Mapping[str, Job], Health | None]]) -> None:
         """Read the jobs and the health from ``source`` at each scrape (the scheduler's)."""
         self._source = source
+        self.known(source()[0])
+
+    def known(self, jobs: Iterable[str]) -> None:
+        """Make the series the alerts watch, at 0, for jobs not seen yet: a counter that first
+        appears at 1 shows Prometheus no increase, and its first event would alert nobody."""
+        if prometheus_client is None:
+            return
+        with self._lock:
+            new = set(jobs) - self._known
+            self._known |= new
+        for job in new:
+            self.sent.labels(job, "takeover")
+            self.send_failures.labels(job)
+            self.skipped.labels(job, "too_late")
 
     # -- told by the scheduler ------------------------------------------------------------------
 
@@ -190,6 +205,11 @@ class BeatMetrics:
             return dict(self._last_sent)
 
 
+#: How far back a job's previous run is looked for (a schedule with none in this long: its next
+#: two runs give its period).
+PREVIOUS_HORIZON_MS = 400 * 86_400_000
+
+
 class _Live:
     """What is read at each scrape: each job's next run and last send, and the probes' answers."""
 
@@ -202,14 +222,16 @@ class _Live:
         self._lock = threading.Lock()  # (scrapes may come at once)
 
     def _next_slots(self, name: str, job: Job, now: int) -> tuple[int, int]:
-        """The job's next two slots after ``now``."""
+        """The job's next slot after ``now``, and the time from its previous one to it: the
+        period the job is in now (a cron at 9:00 on weekdays: 3 days over a weekend)."""
         known = self._next.get(name)
         if known is not None and known[0] is job and known[1] > now:
             return known[1], known[2]
         slot = job.next_slot(now)
-        after = job.next_slot(slot)
-        self._next[name] = (job, slot, after)
-        return slot, after
+        previous = job.schedule.last_slot(now - PREVIOUS_HORIZON_MS, now + 1)
+        period = slot - previous if previous is not None else job.next_slot(slot) - slot
+        self._next[name] = (job, slot, period)
+        return slot, period
 
     def describe(self) -> list[Any]:
         return []
@@ -219,20 +241,22 @@ class _Live:
         if source is None:
             return
         jobs, health = source()
+        self.metrics.known(jobs)  # (runtime jobs added since)
         now = clock.now_ms()
         nxt = GaugeMetricFamily(
             "anarchon_next_run_timestamp_seconds", "When each job's next run is due.", labels=["anarchon_job"]
         )
         period = GaugeMetricFamily(
             "anarchon_job_period_seconds",
-            "The time between each job's next two runs (what an alert on a job not run for two periods reads).",
+            "The period each job is in: from its previous run to its next (what an alert on a job not run for "
+            "two periods reads).",
             labels=["anarchon_job"],
         )
         with self._lock:
             for name, job in sorted(jobs.items()):
-                slot, after = self._next_slots(name, job, now)
+                slot, period_ms = self._next_slots(name, job, now)
                 nxt.add_metric([name], slot / 1000)
-                period.add_metric([name], (after - slot) / 1000)
+                period.add_metric([name], period_ms / 1000)
             for gone in self._next.keys() - jobs.keys():
                 del self._next[gone]
         yield nxt

@@ -68,6 +68,7 @@ class Scheduler(beat.Scheduler):
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.jobs: dict[str, Job] = {}
         self.backend: Backend | None = None
+        self.deployment: Deployment | None = None
         self.instance = instance_id()
         #: What this instance claims, and when (made by :meth:`setup_schedule`).
         self.plan: Plan | None = None
@@ -111,6 +112,7 @@ class Scheduler(beat.Scheduler):
 
     def setup_schedule(self) -> None:
         deployment, reachable = self._configure()
+        self.deployment = deployment
         backend = self.backend = deployment.backend
         self.probes.start(deployment.settings, backend)
         self.jobs = deployment.jobs
@@ -154,6 +156,24 @@ class Scheduler(beat.Scheduler):
             backend.lease_store.handed_back()  # listening from now on
         self.tasks.connect_ahead()
         logger.info("anarchon: ready as %s with %d job(s) on %s", self.instance, len(self.jobs), backend.describe())
+
+    def _set_up_late(self, backend: Backend) -> None:
+        """A beat started while its backend was away, which answers now: the checks of the start
+        (the user's permissions, a prefix shared with an earlier release's runs), then the rest of
+        the set-up. A check that only a change of configuration fixes stops the beat, as at start."""
+        try:
+            backend.check_claims()
+            if self.deployment is not None:
+                check_prefix_unshared(self.deployment)
+            self._set_up_with(backend)
+        except BrokerUnavailable as exc:
+            logger.warning("anarchon: %s; the set-up is tried again", exc)
+            self.probes.answered = False
+        except AnarchonError as exc:
+            if not self.exit_on_error:
+                raise
+            logger.critical("anarchon: %s. beat is stopped", exc)
+            raise SystemExit(1) from exc
 
     def _configure(self) -> tuple[Deployment, bool]:
         """The jobs, settings and backend, the backend opened; and whether it answered. A
@@ -213,11 +233,7 @@ class Scheduler(beat.Scheduler):
         backup, the store told again of runs sent, the task connection kept up."""
         backend.maintain()
         if self.probes.reach():
-            try:
-                self._set_up_with(backend)
-            except AnarchonError as exc:
-                logger.warning("anarchon: %s; the set-up is tried again", exc)
-                self.probes.answered = False
+            self._set_up_late(backend)
         if self.leases is not None:
             if self._plan.queue.has_backups():  # (what is told meanwhile waits to be read)
                 self.leases.hear_hand_backs(self._plan.queue)

@@ -161,6 +161,42 @@ def test_the_metrics_count_what_the_scheduler_tells_them() -> None:
     assert (value("anarchon_alive"), value("anarchon_ready"), value("anarchon_jobs")) == (1, 0, 1)
     assert value("anarchon_job_period_seconds", anarchon_job=name) == 86_400  # (a cron at 3:00, daily)
     assert 0 < value("anarchon_started_timestamp_seconds") <= time.time()
+    # The series the alerts watch are there at 0 before their first event.
+    fresh = f"m{uuid.uuid4().hex[:8]}"
+    counted.known([fresh])
+    assert metrics.REGISTRY.get_sample_value("anarchon_send_failures_total", {"anarchon_job": fresh}) == 0
+    assert (
+        metrics.REGISTRY.get_sample_value("anarchon_runs_sent_total", {"anarchon_job": fresh, "trigger": "takeover"})
+        == 0
+    )
+    assert (
+        metrics.REGISTRY.get_sample_value("anarchon_runs_skipped_total", {"anarchon_job": fresh, "reason": "too_late"})
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "now", "period_h"),
+    [
+        ("0 9 * * 1-5", "2026-12-05T12:00", 72),  # a Saturday: from Friday 9:00 to Monday 9:00
+        ("0 9 * * 1-5", "2026-12-08T12:00", 24),  # a Tuesday
+        ("0 9-17 * * *", "2026-12-08T19:30", 16),  # overnight: from 17:00 to 9:00
+        ("0 9-17 * * *", "2026-12-08T12:30", 1),
+        ("0 3 29 2 *", "2026-12-08T12:00", 1461 * 24),  # none in 400 days back: its next two, 4 years apart
+    ],
+)
+def test_a_jobs_period_runs_from_its_previous_run_to_its_next(spec: str, now: str, period_h: int) -> None:
+    import datetime as dt
+
+    from anarchon_celery import metrics
+    from anarchon_celery.jobs import make_job
+    from anarchon_celery.schedule import to_ms
+
+    job = make_job("j", {"task": "t", "schedule": spec}, Settings(), dt.timezone.utc)
+    at = to_ms(dt.datetime.fromisoformat(now).replace(tzinfo=dt.timezone.utc))
+    slot, period_ms = metrics._Live(metrics.beat_metrics())._next_slots("j", job, at)
+    assert slot == job.next_slot(at)
+    assert period_ms == period_h * 3_600_000
 
 
 # -- real beats -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
 import os
 import re
 import subprocess
@@ -23,13 +24,15 @@ from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 import anarchon_celery
 from anarchon_celery import ConfigError, Run
 from anarchon_celery.schedule import to_ms
 from anarchon_celery.web.actions import done_text, edit_changes
-from anarchon_celery.web.auth import Guard, credentials, foreign_origin
+from anarchon_celery.web.app import WebApp
+from anarchon_celery.web.auth import Guard, credentials, foreign_origin, host_name
 from anarchon_celery.web.chart import lateness_chart
 from anarchon_celery.web.render import duration
 from anarchon_celery.web.server import is_loopback
@@ -114,6 +117,38 @@ def test_a_form_token_is_the_process_secrets_and_nothing_else() -> None:
 def test_a_post_from_another_site_is_told_by_its_origin(origin: str | None, host: str, foreign: str | None) -> None:
     environ = {"HTTP_HOST": host, **({"HTTP_ORIGIN": origin} if origin is not None else {})}
     assert foreign_origin(environ) == foreign
+
+
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        ("127.0.0.1:8077", "127.0.0.1"),
+        ("LocalHost:8077", "localhost"),
+        ("[::1]:8077", "::1"),
+        ("::1", "::1"),
+        ("evil.example", "evil.example"),
+    ],
+)
+def test_the_host_a_request_names_is_read_without_its_port(header: str, name: str) -> None:
+    assert host_name({"HTTP_HOST": header}) == name
+
+
+def test_a_name_the_page_was_not_started_for_is_refused_before_anything_else() -> None:
+    """DNS rebinding: a website's own name pointed at 127.0.0.1 reaches a page open there, and its
+    Origin matches its Host; the page answers only to the names it was started for."""
+    app = Celery("rebound", set_as_current=False)  # (never read: refused or let in, no job is)
+    page = WebApp(app, Guard(user="admin", password=None), frozenset({"localhost", "127.0.0.1", "::1"}))
+    form = b"token=stale"
+    for host, status in (("evil.example:8077", 400), ("127.0.0.1:8077", 403), ("[::1]:8077", 403)):
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/jobs/nightly/run-now",
+            "HTTP_HOST": host,
+            "HTTP_ORIGIN": f"http://{host}",
+            "CONTENT_LENGTH": str(len(form)),
+            "wsgi.input": io.BytesIO(form),
+        }
+        assert page.respond(environ).status == status, host  # (403: let in, then its token refused)
 
 
 @pytest.mark.parametrize(

@@ -74,18 +74,19 @@ def test_a_start_refused_is_counted_with_its_reason(tmp_path: Path) -> None:
     store.close()
 
 
-def test_the_files_of_processes_gone_are_removed_at_start_and_the_others_kept(tmp_path: Path) -> None:
+def test_every_processs_files_but_its_own_are_removed_at_start(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     files = {
         "mine": tmp_path / f"counter_{os.getpid()}.db",
         "gone": tmp_path / f"counter_{gone.pid}.db",
         "gone gauge": tmp_path / f"gauge_livesum_{gone.pid}.db",
+        "alive": tmp_path / f"counter_{os.getppid()}.db",  # (a process id an earlier run had, reused)
         "not ours": tmp_path / "notes.txt",
     }
     for path in files.values():
         path.write_bytes(b"")
-    assert worker_side.clear_earlier_runs(str(tmp_path)) == 2
+    assert worker_side.clear_earlier_runs(str(tmp_path)) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([files["mine"].name, files["not ours"].name])
 
 
@@ -97,7 +98,7 @@ def test_the_registry_to_mount_is_this_processs_or_every_processs_files(
     monkeypatch.setenv(worker_side.MULTIPROC_ENV, str(tmp_path))
     mounted = worker_side.registry()
     assert mounted is not worker_side.worker_metrics().registry
-    assert list(mounted.collect()) == []
+    assert [family.name for family in mounted.collect()] == ["anarchon_worker_started_timestamp_seconds"]
 
 
 # -- real beats and workers -----------------------------------------------------------------------

@@ -229,7 +229,9 @@ class SQLiteBackend(SqlBackend):
             try:
                 db = self._open_once()
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF not in _BUSY_CODES or time.monotonic() >= deadline:
+                code = getattr(exc, "sqlite_errorcode", None)  # (Python 3.11 and later)
+                busy = code & 0xFF in _BUSY_CODES if code is not None else "locked" in str(exc) or "busy" in str(exc)
+                if not busy or time.monotonic() >= deadline:
                     raise self._unusable("open", exc) from exc
                 time.sleep(0.05)
                 continue

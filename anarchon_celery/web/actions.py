@@ -17,6 +17,7 @@ from ..control import Deployment, run_now
 from ..errors import ConfigError
 from ..pausing import pause, resume
 from ..runtime import update_job
+from ..settings import LEASE_SETTINGS
 
 __all__ = ["ACTIONS", "EDIT_KEYS", "LEASE_KEYS", "EditKey", "act", "done_text", "edit_changes", "field_text"]
 
@@ -48,7 +49,7 @@ EDIT_KEYS = (
     EditKey("overlap", "overlap: allow, skip, buffer_one or buffer_all", "text"),
 )
 #: The keys only a backend with leases takes: the form leaves them out on another.
-LEASE_KEYS = frozenset({"backup_runners", "catch_up", "catch_up_window_ms", "overlap"})
+LEASE_KEYS = frozenset(LEASE_SETTINGS) & {edit.key for edit in EDIT_KEYS}
 _REQUIRED = ("task", "schedule")
 
 

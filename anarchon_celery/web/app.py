@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlencode
 from ..backends.definitions import JobConflict
 from ..errors import AnarchonError, BrokerError
 from .actions import ACTIONS, act, done_text
-from .auth import Guard, foreign_origin
+from .auth import Guard, foreign_origin, host_name
 from .pages import index_page, job_page, message_page
 from .reading import NoSuchJob, job_view, opened, overview
 from .render import Context
@@ -61,9 +61,13 @@ StartResponse = Callable[..., Any]
 class WebApp:
     """The schedules page of ``app`` as a WSGI application (see :func:`anarchon_celery.web.make_app`)."""
 
-    def __init__(self, app: Any, guard: Guard) -> None:
+    def __init__(self, app: Any, guard: Guard, allowed_hosts: frozenset[str] | None = None) -> None:
         self.app = app
         self.guard = guard
+        #: The names the page answers to (None: any): a page open on the loopback must not be
+        #: reached through another name pointed at it (DNS rebinding), which its Origin check
+        #: cannot tell from its own.
+        self.allowed_hosts = allowed_hosts
         self.name = str(app.main or "celery")
         self._shared = threading.Lock()  # a backend instance held by the app's settings
 
@@ -87,6 +91,10 @@ class WebApp:
     def respond(self, environ: Mapping[str, Any]) -> Response:
         """The answer to one request."""
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        if self.allowed_hosts is not None and host_name(environ) not in self.allowed_hosts:
+            context = self._context(environ, None)
+            text = "This page answers to the names it was started for (see --allowed-host) only."
+            return Response(400, message_page(context, "Refused", text))
         user = self.guard.login(environ)
         context = self._context(environ, user)
         if user is None and self.guard.needs_login(method):

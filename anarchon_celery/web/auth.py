@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Guard", "credentials", "foreign_origin"]
+__all__ = ["LOOPBACK_HOSTS", "Guard", "credentials", "foreign_origin", "host_name"]
 
 #: The realm the browser's login prompt names.
 REALM = "anarchon"
@@ -49,6 +49,18 @@ def foreign_origin(environ: Mapping[str, Any]) -> str | None:
     host = str(environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '')}:{environ.get('SERVER_PORT', '')}")
     netloc = urlsplit(str(origin)).netloc if "://" in str(origin) else ""
     return None if netloc and netloc.lower() == host.lower() else str(origin)
+
+
+#: The names of this host's loopback, as a browser sends them in ``Host``.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_name(environ: Mapping[str, Any]) -> str:
+    """The host a request was sent to (its ``Host`` header, without the port), lower case."""
+    host = str(environ.get("HTTP_HOST") or environ.get("SERVER_NAME") or "").strip().lower()
+    if host.startswith("["):  # [::1]:8077
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class Guard:

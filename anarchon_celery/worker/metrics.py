@@ -14,6 +14,7 @@ Only ``anarchon_worker_*`` metrics are served there (a beat run with ``-B`` serv
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -22,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from .. import metrics as beat_side
 
@@ -86,6 +87,7 @@ class WorkerMetrics:
             "History events dropped, the buffer full (a long outage of the backend).",
             registry=r,
         )
+        r.register(_Started())
 
     def _guard(self, count: Any) -> None:
         if not self.on:
@@ -163,14 +165,15 @@ def _alive(pid: int) -> bool:
 
 
 def clear_earlier_runs(folder: str) -> int:
-    """Remove the files of processes that are gone, at the worker's start (before its pool is
-    made): they are an earlier run's. Returns how many."""
+    """Remove every process's files but this one's, at the worker's start, before its pool is
+    made: they are an earlier run's (the folder is the worker's alone; a container started again
+    reuses its process ids, so a file's process being alive proves nothing). Returns how many."""
     removed = 0
     for path in glob.glob(os.path.join(folder, "*.db")):
-        pid = _pid_of(path)
-        if pid is not None and pid != os.getpid() and not _alive(pid):
-            os.remove(path)
-            removed += 1
+        if _pid_of(path) != os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+                removed += 1
     return removed
 
 
@@ -189,23 +192,27 @@ class _WorkerFiles:
         for path in glob.glob(os.path.join(self.folder, "gauge_live*.db")):
             pid = _pid_of(path)
             if pid is not None and not _alive(pid):
-                self._multiprocess.mark_process_dead(pid, self.folder)
+                with contextlib.suppress(FileNotFoundError):  # (two scrapes at once)
+                    self._multiprocess.mark_process_dead(pid, self.folder)
         for family in self.inner.collect():
             if family.name.startswith("anarchon_worker_"):
                 yield family
 
 
-class _Started:
-    """When the worker started serving its metrics (what an alert on a job that has not
-    succeeded since the workers started reads)."""
+#: When this process started (imported this module): a worker's start, in its main process.
+STARTED_AT = time.time()
 
-    def __init__(self) -> None:
-        self.at = time.time()
+
+class _Started:
+    """When the worker started (what an alert on a job that has not succeeded since the
+    workers started reads)."""
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        yield GaugeMetricFamily("anarchon_worker_started_timestamp_seconds", "When this worker started.", value=self.at)
+        yield GaugeMetricFamily(
+            "anarchon_worker_started_timestamp_seconds", "When this worker started.", value=STARTED_AT
+        )
 
 
 class _Exporter:
@@ -232,9 +239,10 @@ def registry() -> Any:
         return None
     folder = os.environ.get(MULTIPROC_ENV)
     if not folder:
-        return worker_metrics().registry
+        return worker_metrics().registry  # (with the start time: see WorkerMetrics)
     made = p.CollectorRegistry()
     made.register(_WorkerFiles(folder))
+    made.register(_Started())
     return made
 
 
@@ -260,8 +268,7 @@ def serve(app: Any, pool: str) -> int | None:
         return None
     folder = os.environ.get(MULTIPROC_ENV)
     if folder:
-        cleared = clear_earlier_runs(folder)
-        how = f"from every process's files in {folder}" + (f" ({cleared} of earlier runs removed)" if cleared else "")
+        how = f"from every process's files in {folder}" + (f" ({_CLEARED} of earlier runs removed)" if _CLEARED else "")
     elif pool.endswith("prefork"):
         logger.error(
             "anarchon: worker metrics not served: under the prefork pool the tasks run in other processes, "
@@ -273,7 +280,6 @@ def serve(app: Any, pool: str) -> int | None:
     else:
         how = "from this process"
     served = registry()
-    served.register(_Started())
     try:
         server, _ = p.start_http_server(settings.worker_metrics_port, settings.metrics_address, registry=served)
     except OSError as exc:
@@ -290,6 +296,20 @@ def serve(app: Any, pool: str) -> int | None:
         "anarchon: worker metrics served on http://%s:%d/metrics, %s", settings.metrics_address, EXPORTER.port, how
     )
     return EXPORTER.port
+
+
+#: The files of earlier runs removed at this worker's start.
+_CLEARED = 0
+
+
+@worker_init.connect(weak=False)
+def _on_worker_init(**_: Any) -> None:
+    """In the worker's main process, before its pool (and a ``-B`` beat) is started: the
+    multiprocess folder emptied of earlier runs' files."""
+    global _CLEARED
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder and beat_side.prometheus_client is not None and os.path.isdir(folder):
+        _CLEARED = clear_earlier_runs(folder)
 
 
 @worker_ready.connect(weak=False)
