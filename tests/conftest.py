@@ -14,10 +14,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 from kombu import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests are not timed: the suite runs beside beats, workers and browsers on two cores,
+# where a draw or an example may wait seconds for the CPU (Hypothesis' too_slow check and its
+# 200 ms deadline failed runs that had nothing wrong).
+hypothesis.settings.register_profile("suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("suite")
 sys.path.insert(0, str(ROOT / "examples"))
 
 from tests.support.broker_control import BROKER  # noqa: E402
