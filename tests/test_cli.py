@@ -53,9 +53,9 @@ def invoke(*args: str) -> Any:
     return result
 
 
-def celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def celery(env: dict[str, str], *args: str, app: str = APP) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, *args],
+        [sys.executable, "-m", "celery", "-A", app, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

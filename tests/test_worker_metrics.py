@@ -24,6 +24,7 @@ from anarchon_celery.worker import metrics as worker_side
 from .support.processes import start_celery, wait_for_line
 from .support.proxy import free_port
 from .test_backup_runners import lease_store  # noqa: F401 - a store with leases, cleaned up
+from .test_cli import celery
 from .test_faults import ROOT, kill
 from .test_health import _scrape, _total
 from .test_overlap_processes import APP, Deployment, _env, _executions, _use
@@ -105,14 +106,7 @@ def test_the_registry_to_mount_is_this_processs_or_every_processs_files(
 
 
 def _pause(env: dict[str, str], job: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "anarchon", "pause", job],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = celery(env, "anarchon", "pause", job, app=APP)
     assert done.returncode == 0, done
 
 
