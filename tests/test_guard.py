@@ -1,14 +1,17 @@
-"""A beat that is not ours, running an app that uses anarchon_celery, says so loudly: above all
-``celery worker -B -S anarchon_celery.Scheduler``, where ``-S`` is ``--statedb``."""
+"""A beat that is not ours, running an app that uses anarchon_celery, says so loudly, and a worker
+that would embed one is not started: above all ``celery worker -B -S anarchon_celery.Scheduler``,
+where ``-S`` is ``--statedb``."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from celery import Celery
+from kombu import Connection, Exchange, Queue
 
 from anarchon_celery import cron
 from anarchon_celery.guard import foreign_scheduler_error
@@ -50,39 +53,62 @@ def test_an_app_without_anarchon_is_left_alone() -> None:
 @pytest.mark.broker
 @pytest.mark.processes
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "option, ours",
-    [
-        (["-S", "anarchon_celery.Scheduler"], False),  # the worker's -S is --statedb
-        (["--scheduler", "anarchon_celery.Scheduler"], True),
-    ],
-)
-def test_a_worker_embedding_celerys_own_beat_says_so(
-    prefix: str, broker_url: str, tmp_path: Path, option: list[str], ours: bool
+def test_a_worker_embedding_our_scheduler_starts_without_the_error(
+    prefix: str, broker_url: str, tmp_path: Path
 ) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HISTORY_APP_PREFIX=prefix, HISTORY_APP_BROKER=broker_url)
     log = tmp_path / "worker.log"
-    args = ["worker", "-B", *option, "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip"]
-    args += ["-n", f"{prefix}guard@%h"]
+    args = ["worker", "-B", "--scheduler", "anarchon_celery.Scheduler", "--pool=solo", "-l", "info"]
+    args += ["--without-mingle", "--without-gossip", "-n", f"{prefix}guard@%h"]
     worker = start_celery(args, log, env, app="tests.apps.history_app", cwd=tmp_path)
     try:
         wait_for(log, "ready.", worker)
-        if ours:
-            wait_for(log, "anarchon: ready as", worker)
+        wait_for(log, "anarchon: ready as", worker)
         worker.terminate()
         worker.wait(30)
     except subprocess.TimeoutExpired:
         pass
     finally:
         kill(worker)
+    assert "anarchon: this worker's embedded beat (-B)" not in log.read_text(errors="replace")
+
+
+@pytest.mark.broker
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "option",
+    [["-S", "anarchon_celery.Scheduler"], []],  # the worker's -S is --statedb; -B alone: Celery's default
+    ids=["dash-s", "default-scheduler"],
+)
+def test_a_worker_that_would_embed_celerys_own_beat_is_not_started(
+    prefix: str, broker_url: str, connection: Connection, tmp_path: Path, option: list[str]
+) -> None:
+    """No plain beat runs, not even for a moment: the worker exits with the error before it
+    starts its beat, its pool, or the state file that -S names."""
+    tasks = f"{prefix}tasks"
+    Queue(tasks, Exchange(tasks), tasks)(connection.default_channel).declare()  # a run sent would wait here
+    env = dict(os.environ, PYTHONPATH=str(ROOT), EMBEDDED_APP_PREFIX=prefix, EMBEDDED_APP_BROKER=broker_url)
+    log = tmp_path / "worker.log"
+    args = ["worker", "-B", *option, "--pool=solo", "-l", "info", "--without-mingle", "--without-gossip"]
+    args += ["-Q", f"{prefix}elsewhere", "-n", f"{prefix}guard@%h"]  # (not the queue of the runs)
+    worker = start_celery(args, log, env, app="tests.apps.embedded_app", cwd=tmp_path)
+    try:
+        # Until the worker exits, or its plain beat sends the job every second.
+        deadline = time.monotonic() + 90
+        while worker.poll() is None and "Sending due task" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    finally:
+        kill(worker)
     text = log.read_text(errors="replace")
-    error = "anarchon: this worker's embedded beat (-B) runs celery.beat:PersistentScheduler"
-    if ours:
-        assert error not in text
-    else:
-        assert error in text
-        assert "--scheduler anarchon_celery.Scheduler" in text
-        assert "-S is --statedb" in text
+    assert "Sending due task" not in text
+    assert worker.returncode == 1, text[-3000:]
+    assert "anarchon: this worker's embedded beat (-B) runs celery.beat:PersistentScheduler" in text
+    assert "The worker is not started. Start it with `-B --scheduler anarchon_celery.Scheduler`" in text
+    assert ("-S is --statedb" in text) == bool(option)
+    assert connection.default_channel.queue_declare(tasks, passive=True).message_count == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["worker.log"]  # no state or schedule file
 
 
 def test_the_readme_never_tells_a_worker_to_take_the_scheduler_with_dash_s() -> None:
