@@ -37,6 +37,18 @@ def test_a_sqlite_file_in_a_missing_directory(beat_env: dict[str, str], tmp_path
     check_fails(env, "does not exist")
 
 
+@pytest.mark.timeout(120)
+def test_a_malformed_store_url_is_shown_as_given(beat_env: dict[str, str], tmp_path: Path) -> None:
+    given = "redis:/127.0.0.1:6391/5"  # one slash
+    env = dict(beat_env, HISTORY_APP_BACKEND=given)
+    line = stopped_in_one_line(env, tmp_path, f"anarchon_backend {given!r} is a malformed URL: expected redis://")
+    assert f"{given}://" not in line
+    with_password = dict(beat_env, HISTORY_APP_BACKEND="redis:/:s3cret@127.0.0.1:6391/5")
+    done = celery(with_password, "anarchon", "check")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "'redis:/:**@127.0.0.1:6391/5' is a malformed URL" in done.stdout and "s3cret" not in done.stdout
+
+
 @contextlib.contextmanager
 def read_only_folder(path: Path) -> Iterator[Path]:
     """A tmpfs at ``path`` holding an anarchon database, then mounted read-only (needs root)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import ConfigError
@@ -101,7 +102,32 @@ def _broker_backend(app: Any, settings: Settings, timeout: float | None) -> Back
     return RabbitMQBackend.from_app(app, prefix=settings.prefix, slot_ttl_ms=settings.slot_ttl_ms)
 
 
+#: The form of a URL, by scheme, for the error about one that is malformed.
+_FORMS = {
+    **{scheme: f"{scheme}://[:PASSWORD@]host:port/db" for scheme in ("redis", "rediss")},
+    SENTINEL_SCHEME: "sentinel://host:port;sentinel://host:port?master_name=NAME",
+    **{scheme: f"{scheme}://[USER[:PASSWORD]@]host:port/database" for scheme in POSTGRES_SCHEMES},
+    "sqlite": "sqlite:///absolute/path/of/anarchon.db",
+    **{scheme: f"{scheme}://USER:PASSWORD@host:port/vhost" for scheme in AMQP_SCHEMES},
+    "memory": "memory://",
+}
+
+
+def _malformed(url: str) -> ConfigError | None:
+    """The error for a URL without ``://`` (``redis:/host:6379/0``); None for any other. The URL
+    is shown as given, its password masked."""
+    if "://" in url:
+        return None
+    shown = re.sub(r":[^:@/]*@", ":**@", url)
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    expected = _FORMS.get(scheme, "scheme://..., such as redis://host:port/db or sqlite:///path/of/anarchon.db")
+    return ConfigError(f"anarchon_backend {shown!r} is a malformed URL: expected {expected}")
+
+
 def _url_backend(app: Any, url: str, settings: Settings, timeout: float | None) -> Backend:
+    malformed = _malformed(url)
+    if malformed is not None:
+        raise malformed
     scheme = url.split("://", 1)[0]
     if scheme == "memory":
         shared = (settings.prefix, settings.slot_ttl_ms)
