@@ -162,12 +162,50 @@ class _Spelling:
     def read(self, key: str) -> tuple[str, ...]:
         return (self.namespaced(key), key) if self.namespace else (key,)
 
-    def is_ours(self, name: str) -> bool:
-        """Whether ``name`` looks meant for anarchon_celery, whether or not Celery reads it."""
+    def _rest(self, name: str) -> str:
+        """``name`` in lower case, without the app's namespace."""
         rest = name.lower()
         if self.namespace and rest.startswith(self.namespace.lower()):
             rest = rest[len(self.namespace) :]
-        return rest.startswith(_OURS)
+        return rest
+
+    def is_ours(self, name: str) -> bool:
+        """Whether ``name`` looks meant for anarchon_celery, whether or not Celery reads it:
+        ``anarchon_*``, under the app's namespace or under another (``CELERY_ANARCHON_PREFIX`` on
+        an app without one)."""
+        rest = self._rest(name)
+        return rest.startswith(_OURS) or f"_{_OURS}" in rest
+
+    def elsewhere(self, name: str) -> tuple[str, str] | None:
+        """The namespace ``name`` is written under when it is not the app's, and the setting's key
+        (``("CELERY", "anarchon_prefix")`` for ``CELERY_ANARCHON_PREFIX`` on an app without a
+        namespace); None for a name under the app's namespace or under none."""
+        rest = self._rest(name)
+        at = rest.find(f"_{_OURS}")
+        if rest.startswith(_OURS) or at < 0:
+            return None
+        return name[len(name) - len(rest) :][:at], rest[at + 1 :]
+
+    def misplaced(self, names: list[str]) -> ConfigError | None:
+        """The error for known settings written under a namespace the app does not have, which
+        Celery never reads: what to write instead."""
+        found = [(name, where) for name in names if (where := self.elsewhere(name)) and where[1] in DEFAULTS]
+        if not found:
+            return None
+        shown = ", ".join(name for name, _ in found)
+        verb, them = ("is", "it") if len(found) == 1 else ("are", "them")
+        if not self.namespace:
+            other = found[0][1][0]
+            keys = ", ".join(key for _, (_, key) in found)
+            return ConfigError(
+                f"{shown} {verb} not read: this app has no namespace, so Celery never reads {them}; write "
+                f"{keys}, or load the configuration with app.config_from_object(..., namespace={other!r})"
+            )
+        ours = self.namespace.rstrip("_")
+        keys = ", ".join(f"{self.namespaced(key)} (or {key})" for _, (_, key) in found)
+        return ConfigError(
+            f"{shown} {verb} not read: this app's namespace is {ours!r}, so Celery never reads {them}; write {keys}"
+        )
 
     def style(self, name: str) -> Callable[[str], str]:
         """How to spell a known key as the user spelt ``name``: namespaced when they wrote the
@@ -184,11 +222,13 @@ class _Spelling:
         )
         if not unread:
             return None
+        misplaced = self.misplaced(unread)
+        if misplaced is not None:
+            return misplaced
         parts = []
         for name in unread:
-            rest = name.lower()
-            if self.namespace and rest.startswith(self.namespace.lower()):
-                rest = rest[len(self.namespace) :]
+            elsewhere = self.elsewhere(name)
+            rest = elsewhere[1] if elsewhere else self._rest(name)
             close = difflib.get_close_matches(rest, sorted(DEFAULTS), n=1, cutoff=0.75)
             parts.append(f"{name} (did you mean {self.style(name)(close[0])}?)" if close else name)
         spell = self.style(unread[0])
