@@ -35,7 +35,7 @@ from .control import (
     rabbitmq_backend,
     run_now,
 )
-from .errors import AnarchonError, BrokerError
+from .errors import AnarchonError, BrokerError, clause
 from .history import Run, fold
 from .jobs import JOB_NAME_RE, Job
 from .pausing import paused
@@ -520,7 +520,7 @@ def _listed_streams(streams: StreamHistory, rabbitmqctl: str) -> list[str]:
         return streams.listed_streams(rabbitmqctl)
     except BrokerError as exc:
         raise click.ClickException(
-            f"cannot list the broker's queues: {exc}. Run prune on the broker's host, give --rabbitmqctl "
+            f"cannot list the broker's queues: {clause(exc)}. Run prune on the broker's host, give --rabbitmqctl "
             "'ssh HOST sudo rabbitmqctl', or name the jobs: prune JOB..."
         ) from None
 

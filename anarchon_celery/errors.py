@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AnarchonError", "BrokerError", "BrokerRefused", "BrokerUnavailable", "ConfigError"]
+__all__ = ["AnarchonError", "BrokerError", "BrokerRefused", "BrokerUnavailable", "ConfigError", "clause"]
 
 
 class AnarchonError(Exception):
@@ -28,3 +28,10 @@ class BrokerRefused(BrokerError):
     """The broker answered but refused us: the login (user, password), the vhost, or the user's
     permissions on it. Trying again does not help until the configuration or the broker's users
     are fixed, so the scheduler stops at start with this error."""
+
+
+def clause(reason: object) -> str:
+    """``reason`` (an exception, or a server's or library's text) to quote inside a sentence of
+    ours, as in ``f"... refused the login ({clause(exc)}). Give ..."``: without the full stop it
+    may end with (Redis's "user is disabled." made "disabled.." before the next sentence)."""
+    return str(reason).strip().rstrip(".").rstrip()

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from anarchon_celery import BrokerRefused, Claim, ConfigError, Outcome, RedisBackend
+from anarchon_celery.backends.redis_client import describe_client, login_refusal, make_client
+from anarchon_celery.errors import clause
 
 from .support.proxy import Proxy, free_port
 from .support.redis_servers import OwnRedisServer
@@ -132,6 +134,54 @@ def test_an_evicting_redis_is_refused_unless_allowed(
             RedisBackend(f"{server.url}?allow_eviction=2")
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize(
+    ("credentials", "expected"),
+    [
+        ("", "authentication failed, Redis asks for a password and the URL gives none. Give the password in"),
+        (
+            ":wrong@",
+            "authentication failed for the default user (invalid username-password pair or user is disabled). "
+            "Give the right password (and user) in",
+        ),
+    ],
+    ids=["no-password", "wrong-password"],
+)
+def test_a_refused_redis_login_says_what_to_fix(credentials: str, expected: str, tmp_path: Path) -> None:
+    """Not Redis's answer to redis-py's HELLO, which speaks of HELLO AUTH and RESP versions, nor a
+    reason's own full stop before the fix ("disabled.. Give")."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    import redis
+
+    server = OwnRedisServer(tmp_path / "redis")
+    try:
+        with redis.Redis(port=server.port) as admin:
+            admin.config_set("requirepass", "s3cret")
+        client = make_client(redis, server.url.replace("//", f"//{credentials}", 1), 5).client
+        with pytest.raises(redis.AuthenticationError) as refused:
+            client.info("server")
+        message = login_refusal(describe_client(client), client, refused.value)
+        client.close()
+    finally:
+        server.kill()
+    assert message.startswith(f"Redis at {server.url} refused the login: "), message
+    assert expected in message and message.endswith("redis://[USER]:PASSWORD@host:port/db"), message
+    assert "HELLO" not in message and ".." not in message and "wrong" not in message
+
+
+@pytest.mark.parametrize(
+    ("reason", "quoted"),
+    [
+        ("invalid username-password pair or user is disabled.", "invalid username-password pair or user is disabled"),
+        ("Connection refused", "Connection refused"),
+        (ValueError("no such file. "), "no such file"),
+        ("version 1.2", "version 1.2"),
+    ],
+)
+def test_a_reason_quoted_in_a_sentence_loses_its_full_stop(reason: object, quoted: str) -> None:
+    assert clause(reason) == quoted
 
 
 @pytest.mark.parametrize(

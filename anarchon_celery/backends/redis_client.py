@@ -17,9 +17,18 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, clause
 
-__all__ = ["REDIS_SCHEMES", "SENTINEL_SCHEME", "Made", "describe_client", "make_client", "server_info", "split_options"]
+__all__ = [
+    "REDIS_SCHEMES",
+    "SENTINEL_SCHEME",
+    "Made",
+    "describe_client",
+    "login_refusal",
+    "make_client",
+    "server_info",
+    "split_options",
+]
 
 SENTINEL_SCHEME = "sentinel"
 #: The URL schemes of the Redis backend.
@@ -134,6 +143,27 @@ def describe_client(client: Any) -> str:
     where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}"
     scheme = "rediss" if "SSL" in getattr(pool.connection_class, "__name__", "") else "redis"
     return f"Redis at {scheme}://{where}/{kwargs.get('db', 0)}"
+
+
+def login_refusal(where: str, client: Any, exc: BaseException) -> str:
+    """The error for a login that ``client``'s Redis refused (``exc``, redis-py's
+    AuthenticationError; ``where``: the backend as its logs name it, without a password). Without
+    a password in the URL, Redis's own answer (to redis-py's HELLO, or AUTH with a user and no
+    password) says nothing a reader can act on, and is left out; with one, it is kept."""
+    kwargs = client.connection_pool.connection_kwargs
+    user = kwargs.get("username")
+    form = "redis://[USER]:PASSWORD@host:port/db"
+    if kwargs.get("password") is None:
+        whose = f" of user {user!r}" if user else ""
+        return (
+            f"{where} refused the login: authentication failed, Redis asks for a password and the URL "
+            f"gives none. Give the password{whose} in the URL, {form}"
+        )
+    who = f"user {user!r}" if user else "the default user"
+    return (
+        f"{where} refused the login: authentication failed for {who} ({clause(exc)}). Give the right "
+        f"password (and user) in the URL, {form}"
+    )
 
 
 def server_info(client: Any, section: str, field: str, errors: tuple[type[BaseException], ...]) -> str | None:
