@@ -11,16 +11,15 @@ import difflib
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from kombu.exceptions import SerializerNotInstalled
-from kombu.serialization import dumps
-
 from . import docs
+from .arguments import check_arguments, check_binding
 from .errors import ConfigError
-from .schedule import Cron, Interval, Schedule, parse_schedule, resolve_tz
+from .gates import live_gates
+from .schedule import Cron, Schedule, parse_schedule, resolve_tz
 from .settings import MAX_BACKUP_RUNNERS, MINIMUMS, Settings, check_catch_up, check_minimum, check_overlap
 
 __all__ = ["Job", "check_arguments", "collect_jobs", "cron", "definition", "live_gates", "task_id_for"]
@@ -325,64 +324,6 @@ class JobRules(Protocol):
     def check_job(self, job: Job, lead_ms: int = 0) -> None: ...
 
 
-def check_arguments(job: Job, task: Any, app: Any) -> None:
-    """The job's args and kwargs must encode with the serializer its task is sent with (the
-    ``serializer`` option, else the task's, else the app's ``task_serializer``), or every run it
-    wins would fail to send. Encoded as the task message's body is: ``(args, kwargs, embed)``."""
-    serializer = job.options.get("serializer") or getattr(task, "serializer", None) or app.conf.task_serializer
-    source = "the job's serializer option" if job.options.get("serializer") else "the task's serializer"
-    try:
-        dumps((list(job.args), dict(job.kwargs), {}), serializer=serializer)
-    except SerializerNotInstalled as exc:
-        raise ConfigError(
-            f"job {job.name!r}: serializer {serializer!r} ({source}) is not installed ({exc}): "
-            "install it, or choose one kombu has (json, pickle, yaml, msgpack)"
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - EncodeError, or what a custom encoder raises
-        raise ConfigError(
-            f"job {job.name!r}: its args/kwargs cannot be serialized with {serializer!r} ({source}): "
-            f"{type(exc).__name__}: {exc}. Pass only values {serializer!r} can encode, or give the task "
-            "a serializer that can (@app.task(serializer=...), options={'serializer': ...}; the "
-            "workers' accept_content must allow it)"
-        ) from exc
-
-
-def live_gates(jobs: Iterable[Job], slot_ttl_ms: int, now_ms: int, *, sample: int = 64) -> int:
-    """About how many gates the jobs keep alive at once, at their busiest.
-
-    A gate expires ``slot_ttl_ms`` after its last declaration, which comes within the job's
-    ``jitter_ms`` of the others, so a job keeps as many gates as it has slots in a window of
-    ``slot_ttl_ms + jitter_ms``: at most that, over its next ``sample`` slots (a job with more in
-    one window is extrapolated from their density). Summed over the jobs, each at its peak: an
-    upper bound when the peaks of different schedules do not coincide. Each distinct schedule is
-    computed once (cheap at start-up, even for a thousand cron jobs).
-    """
-    counted: dict[tuple[Schedule, int], int] = {}
-    total = 0
-    for job in jobs:
-        key = (job.schedule, job.jitter_ms)
-        if key not in counted:
-            counted[key] = _busiest_window(job.schedule, slot_ttl_ms + job.jitter_ms, now_ms, sample)
-        total += counted[key]
-    return total
-
-
-def _busiest_window(schedule: Schedule, window: int, now_ms: int, sample: int) -> int:
-    if isinstance(schedule, Interval):
-        return -(-window // schedule.every_ms)
-    slots = [schedule.next_slot(now_ms)]
-    while len(slots) < sample:
-        slots.append(schedule.next_slot(slots[-1]))
-    if slots[-1] - slots[0] < window:  # all within one window: as dense as that
-        return round((len(slots) - 1) * window / max(1, slots[-1] - slots[0]))
-    busiest, first = 0, 0
-    for last, slot in enumerate(slots):  # the most slots within [s, s + window) for a slot s
-        while slot - slots[first] >= window:
-            first += 1
-        busiest = max(busiest, last - first + 1)
-    return busiest
-
-
 # -- the @cron decorator ------------------------------------------------------------------------
 
 #: Tasks (or their lazy proxies) decorated above ``@app.task``, with their entries. Functions
@@ -476,8 +417,9 @@ def _decorated_entries(app: Any) -> list[tuple[str, dict[str, Any]]]:
 def collect_jobs(app: Any, settings: Settings, backend: JobRules) -> list[Job]:
     """Every job of ``app``: its ``@cron`` tasks, then its ``beat_schedule`` entries.
 
-    Checks names (valid, unique), tasks (registered), per-job keys, that the arguments encode
-    with the task's serializer, and the rules of the ``backend`` they run on (the safety rule...).
+    Checks names (valid, unique), tasks (registered), per-job keys, that the arguments bind to
+    the task's parameters and encode with the task's serializer, and the rules of the
+    ``backend`` they run on (the safety rule...).
     """
     try:
         app_tz = app.timezone
@@ -505,7 +447,8 @@ def collect_jobs(app: Any, settings: Settings, backend: JobRules) -> list[Job]:
 
 def check_runnable(job: Job, app: Any, settings: Settings, backend: JobRules) -> None:
     """ConfigError unless ``app`` can run ``job`` on ``backend``: its task registered, its
-    arguments encoded with the task's serializer, the backend's rules kept (the safety rule...)."""
+    arguments bound to the task's parameters (for a task with ``typing`` on) and encoded with the
+    task's serializer, the backend's rules kept (the safety rule...)."""
     registered = app.tasks
     if job.task not in registered:
         close = difflib.get_close_matches(job.task, sorted(registered), n=1)
@@ -514,6 +457,7 @@ def check_runnable(job: Job, app: Any, settings: Settings, backend: JobRules) ->
             f"job {job.name!r}: task {job.task!r} is not registered in app {app.main!r}.{hint} "
             "Import its module in the beat process (imports/include settings)"
         )
+    check_binding(job, registered[job.task])
     check_arguments(job, registered[job.task], app)
     backend.check_job(job, settings.lead_ms)
 

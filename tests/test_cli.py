@@ -549,10 +549,21 @@ def test_check_refuses_arguments_the_serializer_cannot_encode(app_env: dict[str,
     import importlib
 
     history_app = importlib.import_module(APP)
-    history_app.app.conf.beat_schedule["opaque"] = {"task": "history_app.fine", "schedule": 60, "args": (object(),)}
+    history_app.app.conf.beat_schedule["opaque"] = {"task": "history_app.add", "schedule": 60, "args": (object(), 1)}
     result = invoke("check")
     assert result.exit_code == 1
     assert result.output.startswith("FAIL  config   job 'opaque': its args/kwargs cannot be serialized with 'json'")
+
+
+def test_check_refuses_arguments_that_do_not_fit_the_task(app_env: dict[str, str]) -> None:
+    done = celery(dict(app_env, HISTORY_APP_BAD_ARGS="1"), "anarchon", "check")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "FAIL  config   job 'sum': its arguments do not fit task 'history_app.add'(x, y): called as (1), missing 1 "
+        "required positional argument: 'y'. Give args/kwargs that the task's parameters take, or make the task "
+        "with typing=False (@app.task(typing=False)) if it takes them another way"
+    ]
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])

@@ -256,8 +256,9 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
         ({"HISTORY_APP_BACKEND": url_with(vhost="no-such-vhost")}, "has no vhost 'no-such-vhost'"),
         ({"HISTORY_APP_BAD": "1"}, "job 'bad': invalid cron spec '61 * * * *'"),
         ({"HISTORY_APP_BAD_CRON": "1"}, "job 'caught': hand_over is not available"),
+        ({"HISTORY_APP_BAD_ARGS": "1"}, "job 'sum': its arguments do not fit task 'history_app.add'(x, y)"),
     ],
-    ids=["password", "vhost", "config", "cron"],
+    ids=["password", "vhost", "config", "cron", "arguments"],
 )
 def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
     beat_env: dict[str, str], tmp_path: Path, setting: dict[str, str], expected: str

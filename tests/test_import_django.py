@@ -138,9 +138,9 @@ def test_import_from_a_real_django_celery_beat_database(
     assert "a solar schedule" in listed["sunrise"]["reason"]
     assert "task 'nope.missing' is not registered" in listed["gone"]["reason"]
     assert listed["every ten"]["entry"] == {
-        "task": "history_app.fine",
+        "task": "history_app.add",
         "schedule": 600,
-        "kwargs": {"a": 1},
+        "kwargs": {"x": 1, "y": 2},
         "options": {"queue": "reports", "priority": 5, "expires": 60},
     }
     assert celery(env, "anarchon", "jobs", "--json").stdout.count('"runtime"') == 0  # a dry run adds nothing

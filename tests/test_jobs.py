@@ -729,3 +729,102 @@ def test_arguments_are_encoded_with_the_serializer_the_task_is_sent_with() -> No
         jobs_of(app)
     pickling = make_app(task_serializer="pickle", beat_schedule={"app-wide": entry(args=(opaque,))})
     assert "app-wide" in jobs_of(pickling)  # the app's serializer, for tasks that set none
+
+
+# -- arguments that must bind to the task's parameters --------------------------------------------
+
+
+def binding_app(**celery: Any) -> Celery:
+    """An app with tasks of each kind of signature: plain, bound, without typing, with typing
+    whatever the app says, a task class."""
+    app = Celery(f"app{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False, **celery)
+    app.conf.anarchon_backend = anarchon_celery.MemoryBackend()  # (one for the app: its runtime jobs kept)
+
+    @app.task(name="tasks.add", shared=False)
+    def add(x: int, y: int = 0, *, z: int = 0) -> int: ...
+
+    @app.task(name="tasks.bound", bind=True, shared=False)
+    def bound(self: Any, n: int) -> None: ...
+
+    @app.task(name="tasks.loose", typing=False, shared=False)
+    def loose(x: int) -> None: ...
+
+    @app.task(name="tasks.typed", typing=True, shared=False)
+    def typed(x: int) -> None: ...
+
+    @app.task(name="tasks.none", shared=False)
+    def none() -> None: ...
+
+    class Klass(app.Task):  # type: ignore[name-defined,misc]
+        name = "tasks.klass"
+
+        def run(self, x: int) -> None: ...
+
+    app.register_task(Klass())
+    return app
+
+
+@pytest.mark.parametrize(
+    "task, args, kwargs, error",
+    [
+        ("tasks.add", (), {}, "task 'tasks.add'(x, y=0, *, z=0): called as (), missing 1 required positional argument"),
+        ("tasks.add", (1, 2, 3), {}, "called as (1, 2, 3), takes from 1 to 2 positional arguments but 3 were given"),
+        ("tasks.add", (1,), {"w": 2}, "called as (1, w=2), got an unexpected keyword argument 'w'"),
+        ("tasks.add", (1,), {"x": 2}, "got multiple values for argument 'x'"),
+        (
+            "tasks.none",
+            ("a",),
+            {},
+            "task 'tasks.none'(): called as ('a'), takes 0 positional arguments but 1 was given",
+        ),
+        ("tasks.bound", (), {}, "task 'tasks.bound'(n): called as (), missing 1 required positional argument: 'n'"),
+    ],
+)
+def test_arguments_that_do_not_bind_to_the_task_are_refused(
+    task: str, args: tuple[Any, ...], kwargs: dict[str, Any], error: str
+) -> None:
+    from anarchon_celery.control import configure
+
+    app = binding_app()
+    app.conf.beat_schedule = {"j": {"task": task, "schedule": 60, "args": args, "kwargs": kwargs}}
+    message = f"^job 'j': its arguments do not fit task {task!r}"
+    with pytest.raises(ConfigError, match=message) as found:
+        jobs_of(app)
+    assert error in str(found.value)
+    assert str(found.value).endswith(
+        ". Give args/kwargs that the task's parameters take, or make the task with typing=False "
+        "(@app.task(typing=False)) if it takes them another way"
+    )
+    with pytest.raises(ConfigError, match=message):  # as the scheduler at start and check read it
+        configure(app)
+    app.conf.beat_schedule = {}
+    runtime = f"^job 'extra': its arguments do not fit task {task!r}"
+    with pytest.raises(ConfigError, match=runtime):  # as a runtime job is added
+        anarchon_celery.add_job(app, "extra", task=task, schedule=60, args=list(args), kwargs=kwargs)
+    assert anarchon_celery.runtime_jobs(app) == {}
+
+
+@pytest.mark.parametrize(
+    "task, args, kwargs, strict",
+    [
+        ("tasks.add", (1,), {}, True),
+        ("tasks.add", (1, 2), {"z": 3}, True),
+        ("tasks.add", (), {"x": 1, "y": 2}, True),
+        ("tasks.bound", (1,), {}, True),
+        ("tasks.loose", (1, 2, 3), {"k": 4}, True),  # typing=False: Celery sends it unchecked, and so do we
+        ("tasks.klass", (1, 2, 3), {}, True),  # a task class has no header: Celery checks nothing
+        ("tasks.add", (1, 2, 3, 4), {}, False),  # Celery(strict_typing=False): no task checked but by its own word
+    ],
+)
+def test_arguments_that_bind_or_that_celery_sends_unchecked_are_taken(
+    task: str, args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool
+) -> None:
+    app = binding_app(strict_typing=strict)
+    app.conf.beat_schedule = {
+        "j": {"task": task, "schedule": 60, "args": args, "kwargs": kwargs},
+        "typed": {"task": "tasks.typed", "schedule": 60, "args": (1, 2)},  # beside it, checked
+    }
+    with pytest.raises(ConfigError, match="^job 'typed': its arguments do not fit task 'tasks.typed'"):
+        jobs_of(app)  # (j, before it, was taken)
+    del app.conf.beat_schedule["typed"]
+    assert list(jobs_of(app)) == ["j"]

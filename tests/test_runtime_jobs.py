@@ -269,6 +269,33 @@ def test_two_operators_editing_one_job_at_once_one_wins_the_others_are_told(
 
 @pytest.mark.processes
 @pytest.mark.broker
+def test_add_and_edit_refuse_arguments_that_do_not_fit_the_task(
+    beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    env = history_app_on("sqlite", beat_env, tmp_path, request)
+    job = ["sum", "--task", "history_app.add", "--schedule", "60"]
+    refused = celery(env, "anarchon", "add", *job, "--args", "[1]")
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.strip().splitlines() == [
+        "Error: job 'sum': its arguments do not fit task 'history_app.add'(x, y): called as (1), missing 1 required "
+        "positional argument: 'y'. Give args/kwargs that the task's parameters take, or make the task with "
+        "typing=False (@app.task(typing=False)) if it takes them another way"
+    ]
+    added = celery(env, "anarchon", "add", *job, "--args", "[1, 2]")
+    assert added.returncode == 0, added.stderr
+    edited = celery(env, "anarchon", "edit", "sum", "--kwargs", '{"z": 3}')
+    assert edited.returncode == 1, edited.stdout
+    assert (
+        "Error: job 'sum': its arguments do not fit task 'history_app.add'(x, y): called as (1, 2, z=3), got an "
+        "unexpected keyword argument 'z'." in edited.stderr
+    )
+    listed = json.loads(celery(env, "anarchon", "jobs", "--json").stdout)
+    kept = next(item for item in listed if item["job"] == "sum")
+    assert kept["version"] == 1  # the edit refused changed nothing
+
+
+@pytest.mark.processes
+@pytest.mark.broker
 @pytest.mark.parametrize("where", ["rabbitmq", "redis", "postgres"])
 def test_a_change_made_while_the_store_is_down_is_a_clear_error(
     where: str, beat_env: dict[str, str], tmp_path: Path

@@ -207,6 +207,24 @@ def test_an_edit_form_that_cannot_be_read_says_which_field(form: dict[str, str],
         edit_changes("j", ENTRY, form)
 
 
+def test_the_edit_form_refuses_arguments_that_do_not_fit_the_task() -> None:
+    from anarchon_celery.control import configure
+    from anarchon_celery.web.actions import act
+
+    app = Celery("shop", broker="memory://", set_as_current=False)
+    app.conf.anarchon_backend = anarchon_celery.MemoryBackend()
+
+    @app.task(name="shop.report", shared=False)
+    def report(kind: str) -> None: ...
+
+    kept = anarchon_celery.add_job(app, "j", **ENTRY)
+    deployment = configure(app)
+    form = {"version": "1", "args": '["customer-42", "pdf"]'}
+    with pytest.raises(ConfigError, match=r"^job 'j': its arguments do not fit task 'shop.report'\(kind\): called as"):
+        act("edit", app, deployment, "j", form, "ann")
+    assert anarchon_celery.runtime_jobs(app)["j"] == kept  # the old definition stays
+
+
 def test_what_an_action_did_is_said_from_known_words_only() -> None:
     run = "0b0c4b8e-8f1e-4a57-9d0e-5f3b8e6d2a11"
     assert done_text("j", {"done": "run-now", "run": run}) == f"Sent job j now: run {run} (trigger manual)."

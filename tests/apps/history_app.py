@@ -76,11 +76,18 @@ if os.environ.get("HISTORY_APP_REDIS_TIMEOUT"):  # the Redis backend, its answer
     )
 if os.environ.get("HISTORY_APP_BAD"):
     app.conf.beat_schedule["bad"] = {"task": "history_app.fine", "schedule": "61 * * * *"}
+if os.environ.get("HISTORY_APP_BAD_ARGS"):  # arguments that do not fit the task's parameters
+    app.conf.beat_schedule["sum"] = {"task": "history_app.add", "schedule": 3600, "args": (1,)}
 
 
 @app.task(name="history_app.fine", shared=False)
 def fine() -> str:
     return "fine"
+
+
+@app.task(name="history_app.add", shared=False)
+def add(x: int, y: int) -> int:
+    return x + y
 
 
 @app.task(name="history_app.boom", shared=False)

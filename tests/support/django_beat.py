@@ -25,8 +25,8 @@ nightly = CrontabSchedule.objects.create(minute="30", hour="2", timezone="Asia/T
 ten = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.MINUTES)
 half = IntervalSchedule.objects.create(every=30, period=IntervalSchedule.SECONDS)
 PeriodicTask.objects.create(name="Nightly report (daily)", task="history_app.fine", crontab=nightly)
-PeriodicTask.objects.create(name="every ten", task="history_app.fine", interval=ten, queue="reports",
-                            priority=5, expire_seconds=60, kwargs='{"a": 1}')
+PeriodicTask.objects.create(name="every ten", task="history_app.add", interval=ten, queue="reports",
+                            priority=5, expire_seconds=60, kwargs='{"x": 1, "y": 2}')
 PeriodicTask.objects.create(name="switched off", task="history_app.fine", interval=half, enabled=False)
 PeriodicTask.objects.create(name="once", task="history_app.fine", one_off=True,
                             clocked=ClockedSchedule.objects.create(clocked_time=timezone.now()))
