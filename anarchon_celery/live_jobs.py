@@ -47,6 +47,8 @@ class LiveJobs:
         self._looked = -CHANGES_POLL_S
         self._checked = 0.0
         self._told: dict[str, int] = {}  # the version of each job reported as not runnable here
+        #: When each runtime job read at start was made, as its version kept says (epoch ms).
+        self.made_at: dict[str, int] = {}
 
     def start(self) -> dict[str, Job]:
         """The runtime jobs this instance runs, read at start (changes are looked for from then on).
@@ -60,7 +62,8 @@ class LiveJobs:
             self._checked = -self.full_check_s
             return {}
         self._started = True
-        changed, _ = self._apply(defs, set(defs))
+        changed, starts = self._apply(defs, set(defs))
+        self.made_at = {name: starts[name] for name, job in changed.items() if job is not None and name in starts}
         return {name: job for name, job in changed.items() if job is not None}
 
     def wait_s(self) -> float:

@@ -12,18 +12,40 @@ from collections.abc import Callable, Mapping
 from . import clock
 from .backends import Backend, Claim, Outcome
 from .backends.base import CATCH_UP
+from .errors import AnarchonError
 from .holding import AWAY_RETRY_MS
 from .jobs import Job, catch_up_key
 from .runqueue import ClaimAgain, FirstClaim, Item, Prepare, RunQueue
 from .schedule import Schedule
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "births_at_start"]
 
 logger = logging.getLogger(__name__)
 
 
 def _nothing(job: str) -> None:
     return None
+
+
+def births_at_start(
+    backend: Backend, jobs: Mapping[str, Job], made_at: Mapping[str, int], start: int, reachable: bool
+) -> dict[str, int]:
+    """When each job came to be, by every instance's word (see :meth:`.Backend.introduce`): this
+    instance knew the jobs of its code from ``start`` and each runtime job from when it was made
+    (``made_at``). Unknown (the backend away, or failing): from ``start``, so that a run from
+    before a job existed is never sent; a run every instance missed during a deploy is then lost."""
+    since = {name: min(made_at.get(name) or start, start) for name in jobs}
+    if not reachable:
+        return since
+    try:
+        return backend.introduce(since)
+    except AnarchonError as exc:
+        logger.warning(
+            "anarchon: %s; the runs due before this start are not claimed (whether their job existed then "
+            "is not known)",
+            exc,
+        )
+        return since
 
 
 class Plan:
@@ -51,19 +73,23 @@ class Plan:
         else:  # too short a lead to reach the middle of a second: as far from the slot as it allows
             self.prepare_phase_ms = rng.randint(lead_ms // 4, lead_ms * 3 // 4)
 
-    def start(self, now: int) -> None:
+    def start(self, now: int, births: Mapping[str, int]) -> None:
         """Queue each job's first run: from the runs still within their lateness, so that a run
         due while no instance was up (a deploy that stopped them all) is claimed like any late
-        run, decided once as ever."""
+        run, decided once as ever; but none from before the job came to be (``births``, see
+        :func:`births_at_start`): a new job starts when it is first seen."""
         for job in self.jobs.values():
-            self.push(job, job.next_slot(now - job.max_late_ms - 1))
+            born = births.get(job.name, now)
+            self.push(job, job.next_slot(max(now - job.max_late_ms, born) - 1))
             if job.catch_up:  # the newest run already too late: won if no instance claimed it
-                self._catch_up(job, now, now - job.max_late_ms)
+                self._catch_up(job, now, now - job.max_late_ms, born)
 
-    def _catch_up(self, job: Job, now: int, end: int) -> None:
-        """Queue a catch-up claim of the job's newest slot before ``end`` inside its window: the
-        store finds the gap, if any, from the job's cursor (see :mod:`.catching_up`)."""
-        newest = job.schedule.last_slot(now - job.catch_up_window_ms, end)
+    def _catch_up(self, job: Job, now: int, end: int, born: int | None = None) -> None:
+        """Queue a catch-up claim of the job's newest slot before ``end`` inside its window (and
+        not before ``born``): the store finds the gap, if any, from the job's cursor (see
+        :mod:`.catching_up`)."""
+        start = now - job.catch_up_window_ms
+        newest = job.schedule.last_slot(start if born is None else max(start, born), end)
         if newest is not None:
             self.queue.push(ClaimAgain(now, job.name, newest, newest))
 

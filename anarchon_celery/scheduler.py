@@ -31,7 +31,7 @@ from .jobs import Job, definition, task_id_for
 from .live_jobs import LiveJobs
 from .metrics import beat_metrics
 from .pausing import PausedRuns
-from .planning import Plan
+from .planning import Plan, births_at_start
 from .probes import BeatProbes
 from .runqueue import BackupTry, Item
 from .sending import Outgoing, SendOutcome, TaskLink, TaskSender, history_events, instance_id
@@ -124,7 +124,7 @@ class Scheduler(beat.Scheduler):
         self.metrics.attach(lambda: (dict(self.jobs), self.probes.health()))
         self.paused_runs = PausedRuns(self.jobs, self.instance, backend.prefix)
         start = clock.now_ms()
-        self._plan.start(start)
+        self._plan.start(start, births_at_start(backend, self.jobs, self.live.made_at, start, reachable))
         # Instances that define a job differently run the union of both schedules: say so.
         backend.share_definitions(self.instance, {job.name: definition(job) for job in self.jobs.values()})
         store = backend.lease_store

@@ -156,6 +156,26 @@ def test_jobs_with_state_under_a_prefix_are_found(make_backend: Any) -> None:
     assert a.jobs_with_state(f"{a.prefix}elsewhere.", ["job"]) == []
 
 
+def test_a_job_came_to_be_when_an_instance_first_knew_it(make_backend: Any) -> None:
+    """Each instance tells, at its start, when it first knew each job; the backend keeps the
+    earliest (two instances started together), and every instance reads the same back."""
+    a, b = make_backend(), make_backend()
+    assert a.introduce({"new": 5_000, "old": 2_000}) == {"new": 5_000, "old": 2_000}
+    assert b.introduce({"new": 7_000, "old": 1_000, "other": 9_000}) == {"new": 5_000, "old": 1_000, "other": 9_000}
+    assert a.introduce({"new": 8_000}) == {"new": 5_000}
+
+
+def test_a_job_kept_from_before_births_existed_at_its_cursor(make_backend: Any) -> None:
+    """A job whose store keeps its cursor but no birth (kept by an earlier release) existed at its
+    cursor's slot at the latest."""
+    backend = make_backend()
+    if backend.lease_store is None:
+        pytest.skip("a claim-only backend keeps no cursor")
+    now = clock.now_ms()
+    assert backend.claim([Claim("kept", now - 10_000)], "a") == [Outcome.WON]
+    assert backend.introduce({"kept": now}) == {"kept": now - 10_000}
+
+
 def test_each_win_is_reported_once_as_it_is_known(make_backend: Any) -> None:
     a, b = make_backend(), make_backend()
     assert a.claim([Claim("x", 1)], "a") == [Outcome.WON]

@@ -240,7 +240,7 @@ def test_at_start_the_newest_run_too_late_is_claimed_for_catch_up(tmp_path: Path
     job = _job(tmp_path, catch_up="latest", jitter_ms=0)
     plan = Plan({"j": job}, SQLiteBackend(tmp_path / "r.db"), 0, random.Random(1))
     now = 1_000_500
-    plan.start(now)
+    plan.start(now, {"j": 0})  # a job that existed long before
     items = plan.queue.take(now, 10)
     again = [item for item in items if isinstance(item, ClaimAgain)]
     assert [item.slot for item in again] == [998_000]  # before now - max_late_ms (999 500)
@@ -249,6 +249,27 @@ def test_at_start_the_newest_run_too_late_is_claimed_for_catch_up(tmp_path: Path
     assert claim.deadline_ms == 998_000 + job.catch_up_window_ms
     # An older run found too late is left to the newest one's claim.
     assert plan.claim_of(ClaimAgain(now, "j", 996_000, 996_000), now) is None
+
+
+@pytest.mark.parametrize(
+    ("born", "first", "caught_up"),
+    [
+        (0, 999_500 + 500, [998_000]),  # existed long before: the runs within lateness, and catch-up
+        (999_000, 1_000_000, []),  # born inside the lateness: its runs from then on, nothing caught up
+        (1_000_500, 1_002_000, []),  # born now (a new job): its next run first
+        (997_000, 1_000_000, [998_000]),  # born inside the catch-up window: caught up from then on
+    ],
+)
+def test_at_start_no_run_from_before_the_job_came_to_be_is_queued(
+    tmp_path: Path, born: int, first: int, caught_up: list[int]
+) -> None:
+    job = _job(tmp_path, catch_up="latest", jitter_ms=0)  # every 2 s, max_late_ms 1 000
+    plan = Plan({"j": job}, SQLiteBackend(tmp_path / "r.db"), 0, random.Random(1))
+    now = 1_000_500
+    plan.start(now, {"j": born})
+    items = plan.queue.take(now + 10_000, 100)
+    assert min(item.slot for item in items if not isinstance(item, ClaimAgain)) == first
+    assert [item.slot for item in items if isinstance(item, ClaimAgain)] == caught_up
 
 
 # -- history ---------------------------------------------------------------------------------------------

@@ -92,6 +92,16 @@ def sent(broker_url: str, queue: str, since: int = START) -> list[Any]:
     return messages
 
 
+def existed(broker_url: str, prefix: str, *jobs: str) -> None:
+    """Say that ``jobs`` existed long before the simulated clock's start (a deployment restarted):
+    a start then claims their runs still within their lateness."""
+    backend = RabbitMQBackend(broker_url, prefix=prefix, slot_ttl_ms=60_000)
+    try:
+        backend.introduce({job: START - 3_600_000 for job in jobs})
+    finally:
+        backend.close()
+
+
 def run_until(clock: Clock, schedulers: list[Scheduler], end: int) -> None:
     """Advance the simulated clock from wake-up to wake-up, as `celery beat` would sleep."""
     while clock.now < end:
@@ -141,13 +151,23 @@ def test_cron_decorated_tasks_are_scheduled(app: Celery, clock: Clock, broker_ur
 def test_a_start_claims_the_runs_still_within_their_lateness(
     app: Celery, clock: Clock, broker_url: str, prefix: str
 ) -> None:
-    # Started at T0 - 500 with max_late_ms 5 s: the runs due from T0 - 5.5 s are still on time.
-    app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0}}
+    # Started at T0 - 500 with max_late_ms 5 s: the runs due from T0 - 5.5 s are still on time,
+    # for a job that existed then; a new job's runs start with it.
+    app.conf.beat_schedule = {
+        "job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0},
+        "new": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0},
+    }
+    existed(broker_url, prefix, "job")
     scheduler = Scheduler(app)
     scheduler.tick()
     scheduler.close()
-    slots = sorted(m.headers["anarchon_slot"] for m in sent(broker_url, f"{prefix}tasks", since=0))
+    slots = sorted(
+        m.headers["anarchon_slot"]
+        for m in sent(broker_url, f"{prefix}tasks", since=0)
+        if m.headers["anarchon_job"] == "job"
+    )
     assert slots == [T0 - 5000, T0 - 4000, T0 - 3000, T0 - 2000, T0 - 1000]
+    assert [m for m in sent(broker_url, f"{prefix}tasks", since=0) if m.headers["anarchon_job"] == "new"] == []
 
 
 def test_a_late_run_is_skipped_not_caught_up(
@@ -197,6 +217,7 @@ def test_runs_won_are_written_at_once_from_the_first(app: Celery, clock: Clock, 
     # The task connection is opened before the first run, and again after it is lost: a run
     # won with no connection open waits until every claim of its batch is answered.
     app.conf.beat_schedule = {"job": {"task": "tasks.work", "schedule": 1.0, "jitter_ms": 0}}
+    existed(broker_url, prefix, "job")
     scheduler = Scheduler(app)
     connected_at_write: list[bool] = []
     write = scheduler.sender.write

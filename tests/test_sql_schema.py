@@ -58,7 +58,7 @@ def test_a_database_of_schema_1_gets_the_columns_added_since(dialect: str, expec
 def test_the_statements_that_add_columns_make_a_sqlite_database_of_schema_1_whole() -> None:
     db = sqlite3.connect(":memory:")
     older = create_sql(SQLITE)
-    for column in ("lease_end_ms", "backups", "gap_after", "catch_up_key", "busy", "paused"):  # added since
+    for column in ("lease_end_ms", "backups", "gap_after", "catch_up_key", "busy", "paused", "born"):  # added since
         older = older.replace(f"    {column}", "    -- ")
     db.executescript(older)
     assert _columns(db)["anarchon_runs"] == RUNS_OF_SCHEMA_1

@@ -513,6 +513,14 @@ class Backend(abc.ABC):
         both schedules). Best effort: never raises. The default does nothing."""
         return None
 
+    def introduce(self, since: Mapping[str, int]) -> dict[str, int]:
+        """Tell when this instance first knew each job (``since``: job to epoch milliseconds: its
+        start, or the change that made a runtime job); returns when each came to be, by every
+        instance's word (see :mod:`.births`): its runs before then are never claimed. Called at
+        start, before any claim. Raises :class:`~anarchon_celery.BrokerError`. The default keeps
+        nothing: every job starts with the instance."""
+        return dict(since)
+
     def in_outage(self) -> bool:
         """Whether the backend cannot reach its store right now. The backend logs one line when an
         outage starts, a reminder a minute while it lasts, and one line when it ends with the runs

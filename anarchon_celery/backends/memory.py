@@ -17,6 +17,7 @@ from typing import Any
 from .. import clock
 from ..history import EVENTS_PER_RUN, decode_event
 from .base import Backend, Claim, Outcome, check_prefix, check_slot_ttl
+from .births import born
 from .definitions import JobDef, check_change, removed
 from .pauses import Pause
 from .peers import Peers
@@ -39,6 +40,7 @@ class MemoryBackend(Backend):
         self._pauses: dict[str, Pause] = {}
         self._defs: dict[str, JobDef] = {}
         self._changes: list[str] = []  # the runtime jobs changed, in order
+        self._births: dict[str, int] = {}  # see introduce
 
     def open(self) -> None:
         pass
@@ -50,6 +52,12 @@ class MemoryBackend(Backend):
         for other in others:
             peers.heard(other.announcement(hello=False))
             other.heard(peers.announcement(hello=False))
+
+    def introduce(self, since: Mapping[str, int]) -> dict[str, int]:
+        with self._lock:
+            for job, at in since.items():
+                self._births[job] = born(self._births.get(job), None, at)
+            return {job: self._births[job] for job in since}
 
     def claim(
         self, claims: Sequence[Claim], instance: str, *, on_won: Callable[[Claim], None] | None = None

@@ -19,6 +19,7 @@ from . import busy, leases
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
+from .sql_births import SqlBirths
 from .sql_busy import SqlOverlap
 from .sql_defs import SqlDefinitions
 from .sql_pauses import SqlPauses
@@ -34,7 +35,7 @@ PEERS_KEPT_MS = 86_400_000
 PRUNE_EVERY_S = 60.0
 
 
-class SqlBackend(SqlDefinitions, SqlPauses, SqlOverlap, StoreBackend):
+class SqlBackend(SqlDefinitions, SqlPauses, SqlBirths, SqlOverlap, StoreBackend):
     """Rows of runs won, history and job definitions, in a SQL database."""
 
     #: The driver's placeholder, for the ``?`` of the statements below.

@@ -80,6 +80,7 @@ TABLES = (
                 "busy", "text", null=True, comment="overlap protection: the run holding it, runs pending", added=True
             ),
             Column("paused", "text", null=True, comment="its pause: by whom, when, why, until when", added=True),
+            Column("born", "bigint", null=True, comment="when an instance first knew it: no run before", added=True),
         ),
         key=("prefix", "job"),
     ),

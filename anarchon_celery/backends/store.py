@@ -393,6 +393,14 @@ class StoreBackend(Backend, LeaseStore, JobState):
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             raise BrokerUnavailable(f"{self.describe()} cannot {what}: {type(exc).__name__}: {exc}") from exc
 
+    def introduce(self, since: Mapping[str, int]) -> dict[str, int]:
+        return self._control_step("keep when its jobs came to be", lambda: self._introduce(since))
+
+    @abc.abstractmethod
+    def _introduce(self, since: Mapping[str, int]) -> dict[str, int]:
+        """See :meth:`introduce`: :func:`.births.born` for each job, in one atomic step (in
+        batches, for many jobs: each job's birth only goes down); may raise the store's errors."""
+
     def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
         return self._control_step(f"keep job {name!r}", lambda: self._put_job(name, entry, base, by))
 

@@ -311,6 +311,10 @@ class RabbitMQBackend(Backend, StreamHistory):
     def missed(self, job: str, slots: Sequence[int]) -> None:
         self.link.missed(job, slots)
 
+    def introduce(self, since: Mapping[str, int]) -> dict[str, int]:
+        """Kept in the control log (see :meth:`.control_log.ControlLog.introduce`)."""
+        return self._control.introduce(dict(since))
+
     def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
         """See :meth:`Backend.share_definitions` and :mod:`.sharing`; the scheduler calls it at
         start, and from then on the instance follows the pauses (:mod:`.control_log`)."""

@@ -19,6 +19,7 @@ import amqp
 
 from ... import clock
 from ...errors import BrokerError
+from ..births import born
 from ..definitions import JobConflict, JobDef, check_change
 from ..pauses import Pause
 from .declaring import declare_adopting
@@ -65,10 +66,15 @@ class LogState:
         self.defs: dict[str, JobDef] = {}
         self.accepted: dict[str, bool] = {}  # by the id of each change of a runtime job
         self.changed: list[str] = []
+        #: When each job came to be (see :mod:`..births`): records ``born`` name many jobs.
+        self.births: dict[str, int] = {}
 
     def apply(self, record: dict[str, Any]) -> str | None:
         """Apply one record; the job whose pause or definition it changed, if any."""
         job, op = record["job"], record.get("op")
+        if op == "born":
+            self._born(record.get("jobs"))
+            return None
         if op == "pause":
             pause = Pause.decode(json.dumps(record.get("pause")))
             if pause is None:
@@ -82,6 +88,12 @@ class LogState:
         else:
             return None
         return job
+
+    def _born(self, jobs: Any) -> None:
+        if isinstance(jobs, dict):
+            for job, since in jobs.items():
+                if isinstance(since, int) and not isinstance(since, bool):
+                    self.births[job] = born(self.births.get(job), None, since)
 
     def _change(self, job: str, op: str, record: dict[str, Any]) -> str | None:
         base = record.get("base")
@@ -244,6 +256,25 @@ class ControlLog:
         if job is not None and record.get("op") in ("pause", "resume"):
             pause = self.view.pauses.get(job)
             logger.info("anarchon: job %r %s", job, f"paused by {pause.by}" if pause else "resumed")
+
+    def introduce(self, since: dict[str, int]) -> dict[str, int]:
+        """See :meth:`~..base.Backend.introduce`: the log read (and followed from then on), the
+        jobs it has no earlier birth of appended in one record ``born``. Every instance folds the
+        records in log order, so a birth only goes down; two instances that start together each
+        go by what they read and their own start, and a run is still won once, at its gate.
+        Raises BrokerError when the log cannot be read, or the record not kept."""
+        try:
+            self.link.connect(self.link.confirm_timeout)
+        except self.link.errors() as exc:
+            raise BrokerError(f"the control log {self.name!r} could not be read ({type(exc).__name__}: {exc})") from exc
+        self.follow()
+        if not self._read:
+            raise BrokerError(f"the control log {self.name!r} could not be read")
+        kept = self.view.births
+        told = {job: at for job, at in since.items() if job not in kept or at < kept[job]}
+        if told:
+            self.append({"op": "born", "job": "", "jobs": told})
+        return {job: born(kept.get(job), None, at) for job, at in since.items()}
 
     def paused(self, job: str) -> bool:
         """Whether ``job`` is paused now, as this instance has read the log."""
