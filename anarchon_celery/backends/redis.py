@@ -34,6 +34,7 @@ from .redis_busy import RedisOverlap, freed_of
 from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
 from .redis_defs import RedisDefinitions
 from .redis_pauses import RedisPauses
+from .redis_persistence import RedisPersistence
 from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, TAKE_OVER
 from .store import DEFAULT_LEASE_MS, Answer, StoreBackend
 
@@ -58,7 +59,7 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, StoreBackend):
+class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence, StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -166,6 +167,7 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, StoreBackend):
         self._version_text = str(info.get("redis_version"))
         self._check_eviction()
         self._check_replicas()
+        self._read_persistence((self._refused, *self._errors))
         self._checked = True
 
     def _check_replicas(self) -> None:

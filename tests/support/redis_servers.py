@@ -29,6 +29,15 @@ def _answers(port: int) -> bool | None:
         client.close()
 
 
+def keeps_nothing(url: str) -> bool:
+    """Whether the Redis at ``url`` keeps nothing on disk: no append-only file, no ``save`` rule
+    (as .ci/run starts the suite's Redis)."""
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        return not int(client.info("persistence")["aof_enabled"]) and not client.config_get("save")["save"].strip()
+
+
 def wait_until(port: int, up: bool, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while _answers(port) is not up:
