@@ -20,6 +20,7 @@ from . import clock
 from .backends.base import CATCH_UP, GAP, Backend, Claim, Gap, Outcome
 from .history import encode_event
 from .jobs import Job, task_id_for
+from .pausing import PausedRuns
 from .schedule import Interval
 from .sending import Outgoing
 
@@ -118,6 +119,9 @@ class CatchUps:
         self.instance = instance
         self.prefix = prefix
         self._skipped: list[tuple[str, bytes, int]] = []
+        #: The runs of gaps decided while their job was paused (paused after the win that found
+        #: the gap): logged and recorded as the scheduler's own claims' are.
+        self._paused = PausedRuns(jobs, instance, prefix)
 
     def runs(
         self,
@@ -159,6 +163,7 @@ class CatchUps:
                     inside.append((claim, coalesced))
         if inside:
             outcomes = backend.claim([claim for claim, _ in inside], self.instance)
+            self._paused.note([claim for claim, _ in inside], outcomes)
             for (claim, coalesced), outcome in zip(inside, outcomes):
                 if outcome is Outcome.WON:
                     runs.append(outgoing(claim, now, 1, coalesced))
@@ -183,10 +188,11 @@ class CatchUps:
         return runs
 
     def skipped(self) -> list[tuple[str, bytes, int]]:
-        """The history events of the runs not caught up since the last call: ``(job, event,
-        history_size)``, for :meth:`~.backends.Backend.record_many`."""
+        """The history events of the runs not caught up since the last call (``skipped``, and
+        ``paused`` for those of a job paused meanwhile): ``(job, event, history_size)``, for
+        :meth:`~.backends.Backend.record_many`."""
         events, self._skipped = self._skipped, []
-        return events
+        return events + self._paused.events()
 
     def _not_caught_up(self, found: GapRuns, job: Job) -> None:
         """Log and record (``skipped``) the missed runs of a gap that are not sent."""

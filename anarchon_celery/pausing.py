@@ -103,43 +103,38 @@ def paused(app: Any, *, deployment: Deployment | None = None) -> dict[str, Pause
 
 
 class PausedRuns:
-    """The scheduler's side: the runs it decided while their job was paused are logged (the first
-    of each pause at info, the rest at debug) and recorded ``paused``."""
+    """The runs a scheduler decided while their job was paused, each both logged and recorded: one
+    info line per job and claim call, naming every slot (a run sent is logged each time too), and a
+    ``paused`` event per run in the job's history (none when its ``history_size`` is 0, as the line
+    says). Used wherever a scheduler's claims are answered: its regular claims and its catch-up's."""
 
     def __init__(self, jobs: Mapping[str, Job], instance: str, prefix: str) -> None:
         self.jobs = jobs
         self.instance = instance
         self.prefix = prefix
-        self._told: set[str] = set()  # jobs whose pause was logged at info
         self._events: list[tuple[str, bytes, int]] = []
 
     def note(self, claims: Sequence[Claim], outcomes: Sequence[Outcome]) -> None:
+        found: dict[str, list[int]] = {}
         for claim, outcome in zip(claims, outcomes):
-            job = self.jobs.get(claim.job)
-            if job is None:
-                continue
-            if outcome is not Outcome.PAUSED:
-                if outcome is Outcome.WON:
-                    self._told.discard(claim.job)
-                continue
-            first = claim.job not in self._told
-            self._told.add(claim.job)
-            logger.log(
-                logging.INFO if first else logging.DEBUG,
-                "anarchon: job %r slot %d: the job is paused; not sent (recorded paused)",
-                claim.job,
-                claim.slot,
+            if outcome is Outcome.PAUSED and claim.job in self.jobs:
+                found.setdefault(claim.job, []).append(claim.slot)
+        for name, slots in found.items():
+            job = self.jobs[name]
+            logger.info(
+                "anarchon: job %r %s %s: the job is paused; not sent (%s)",
+                name,
+                "slot" if len(slots) == 1 else "slots",
+                ", ".join(str(slot) for slot in slots),
+                "recorded paused" if job.history_size else "history_size is 0: not recorded",
             )
-            if job.history_size:
-                event = encode_event(
-                    "paused",
-                    run=task_id_for(self.prefix, job.name, claim.slot),
-                    job=job.name,
-                    at_ms=clock.now_ms(),
-                    slot=claim.slot,
-                    instance=self.instance,
-                )
-                self._events.append((job.name, event, job.history_size))
+            if not job.history_size:
+                continue
+            at_ms = clock.now_ms()
+            for slot in slots:
+                run = task_id_for(self.prefix, name, slot)
+                event = encode_event("paused", run=run, job=name, at_ms=at_ms, slot=slot, instance=self.instance)
+                self._events.append((name, event, job.history_size))
 
     def events(self) -> list[tuple[str, bytes, int]]:
         """The history events noted since the last call."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,11 @@ from anarchon_celery.backends.base import CATCH_UP
 from anarchon_celery.backends.ordered import end_expired_pauses, resumed_cursor, set_paused
 from anarchon_celery.backends.pauses import check_note
 from anarchon_celery.backends.rabbitmq.control_log import fold as fold_log
-from anarchon_celery.history import encode_event, fold
+from anarchon_celery.catching_up import CatchUps
+from anarchon_celery.history import decode_event, encode_event, fold
+from anarchon_celery.jobs import collect_jobs
 from anarchon_celery.schedule import to_ms
+from anarchon_celery.settings import Settings
 
 from .support.stores import history_app_on
 from .test_backends import make_backend  # noqa: F401 - the contract's backends
@@ -195,6 +200,31 @@ def test_a_pause_with_until_ends_by_itself(make_backend: Any) -> None:  # noqa: 
     assert a.pauses() == {} and a.resume("j") is None
 
 
+def test_the_runs_of_a_gap_found_paused_are_logged_and_recorded(
+    make_backend: Any,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job paused between the win that found a gap and the claims of the runs inside it: those
+    runs are decided paused, and each is logged and recorded, as a scheduler's own claims' are."""
+    a = _store(make_backend)
+    app = make_app(beat_schedule={"j": {"task": "tasks.work", "schedule": 10.0, "catch_up": "all"}})
+    job = {job.name: job for job in collect_jobs(app, Settings.from_app(app), a)}["j"]
+    base = _recent() // 10_000 * 10_000
+    assert a.claim([Claim("j", base, key="k")], "a") == [Outcome.WON]
+    assert a.claim([Claim("j", base + 40_000, key="k")], "a") == [Outcome.WON]  # after a gap of 3 runs
+    a.pause("j", Pause("ann", 1))
+    catch_ups = CatchUps({"j": job}, "a", a.prefix)
+    with caplog.at_level(logging.INFO, logger="anarchon_celery"):
+        assert catch_ups.runs(a, [], lambda *_: pytest.fail("a paused run made to be sent")) == []
+    gap = [base + 10_000, base + 20_000, base + 30_000]
+    lines = [r.getMessage() for r in caplog.records if "paused; not sent" in r.getMessage()]
+    assert lines == [
+        f"anarchon: job 'j' slots {gap[0]}, {gap[1]}, {gap[2]}: the job is paused; not sent (recorded paused)"
+    ]
+    events = [decode_event(event) for _, event, _ in catch_ups.skipped()]
+    assert [(event["event"], event["slot"]) for event in events if event] == [("paused", slot) for slot in gap]
+
+
 def test_a_stores_pause_is_kept_for_a_new_instance_and_goes_with_the_job(make_backend: Any) -> None:  # noqa: F811
     a = _store(make_backend)
     a.pause("j", Pause("ann", 1))
@@ -303,3 +333,37 @@ def test_beats_stop_sending_a_paused_job_and_start_again_on_resume(
     sent_after = sent_slots(broker_url, f"{prefix}tasks")
     resumed_by = paused_slots[-1] - (2_000 if where == "rabbitmq" else 0)
     assert sent_after and min(sent_after) > resumed_by, (paused_slots, sent_after)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.timeout(240)
+def test_every_paused_run_is_both_logged_and_recorded(
+    beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two beats, a job every second paused: the slots their info lines name are the slots its
+    history records paused, each once (a beat used to log only the first of a pause at info)."""
+    env = history_app_on(
+        "redis", dict(beat_env, HISTORY_APP_EVERY="1", HISTORY_APP_HISTORY_SIZE="100"), tmp_path, request
+    )
+    fleet = Fleet(tmp_path, [env] * 2)
+    try:
+        fleet.wait_ready()
+        paused = celery(env, "anarchon", "pause", "every")
+        assert paused.returncode == 0, paused.stderr
+        fleet.wait_any("the job is paused; not sent")
+        time.sleep(4)  # more of its runs decided, by either beat
+        fleet.stop()
+    finally:
+        fleet.kill()
+    logged = []
+    for n in range(2):
+        for line in fleet.text(n).splitlines():
+            found = re.search(
+                r"INFO/.*job 'every' slots? ([\d, ]+): the job is paused; not sent \(recorded paused\)", line
+            )
+            if found:
+                logged += [int(slot) for slot in found.group(1).split(", ")]
+    recorded = sorted(run["slot"] for run in _runs(env) if run["status"] == "paused")
+    assert len(recorded) >= 3, recorded
+    assert sorted(logged) == recorded
