@@ -182,7 +182,7 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
             "kind": "runtime" if job.version else "code",
             "version": job.version or None,
             "task": job.task,
-            "schedule": job.schedule.describe(),
+            "schedule": job.schedule.display(),
             "tz": str(job.tz),
             "state": "paused" if pause else "active",
             "paused": pause_dict(pause, job.tz),
@@ -196,7 +196,7 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
         if pause and pause.until_ms is not None:
             state += f" (until {_iso(pause.until_ms, job.tz)})"
         kind = f"runtime v{job.version}" if job.version else "code"
-        row = [name, kind, job.schedule.describe(), str(job.tz), state, entry["next_run"], last_sent]
+        row = [name, kind, job.schedule.display(), str(job.tz), state, entry["next_run"], last_sent]
         rows.append([*row, last[0].status if last else None])
     for name, why in sorted(invalid.items()):
         data.append({"job": name, "kind": "runtime", "version": defs[name].version, "state": "invalid", "error": why})

@@ -91,7 +91,15 @@ class Schedule(abc.ABC):
 
     @abc.abstractmethod
     def describe(self) -> str:
-        """A short human-readable form, e.g. ``cron '*/5 * * * *' Europe/Paris``."""
+        """A short human-readable form, e.g. ``cron '*/5 * * * *' Europe/Paris``: the text every
+        instance compares (a job's definition, its catch-up key), so it never changes for a
+        schedule that runs the same slots."""
+
+    def display(self) -> str:
+        """The schedule as people read it where jobs are listed (``jobs``, the schedules page):
+        in the form it was written in, where :meth:`describe` would read otherwise (a Celery
+        ``crontab``). By default, :meth:`describe`."""
+        return self.describe()
 
     def slots(self, start_ms: int, end_ms: int) -> Iterator[int]:
         """Every slot in ``[start_ms, end_ms)``, in order."""
@@ -154,9 +162,17 @@ class Cron(Schedule):
     entries use ``day_or=False`` (both must match), as Celery does.
     """
 
-    __slots__ = ("spec", "tz", "day_or", "wildcard", "_seconds", "_parsed")
+    __slots__ = ("spec", "tz", "day_or", "wildcard", "crontab", "_seconds", "_parsed")
 
-    def __init__(self, spec: str, tz: Any = "UTC", *, day_or: bool = True, wildcard: bool | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        tz: Any = "UTC",
+        *,
+        day_or: bool = True,
+        wildcard: bool | None = None,
+        crontab: Mapping[str, str] | None = None,
+    ) -> None:
         if not isinstance(spec, str):
             raise ConfigError(f"cron spec must be a string, not {spec!r}")
         text = " ".join(spec.split())
@@ -187,6 +203,9 @@ class Cron(Schedule):
         self.spec = text
         self.tz = resolve_tz(tz)
         self.day_or = day_or
+        #: The fields of the Celery ``crontab`` this was made from, as written (``{"day_of_month":
+        #: "1-7", ...}``), for :meth:`display`; None for a cron string. Not part of its identity.
+        self.crontab = dict(crontab) if crontab is not None else None
         self._parsed: croniter | None = None
         try:  # is_valid() does not catch everything (e.g. "0 0 31 2 *" never matches)
             self.next_slot(0)
@@ -268,6 +287,20 @@ class Cron(Schedule):
     def describe(self) -> str:
         return f"cron '{self.spec}' {self.tz}"
 
+    def display(self) -> str:
+        """A cron string as written; a Celery crontab (``day_or`` False: day of month *and* day of
+        week must match, where cron's rule takes either) as the crontab it is, with the fields
+        given: ``crontab(minute='0', hour='9', day_of_week='1', day_of_month='1-7') UTC``."""
+        if self.day_or:
+            return self.describe()
+        fields = self.crontab
+        if fields is None:
+            if self._seconds:
+                return f"{self.describe()} (day of month and day of week must both match)"
+            fields = dict(zip(_CRONTAB_ORDER, self.spec.split(" ")))
+        given = ", ".join(f"{key}={fields[key]!r}" for key in _CRONTAB_ARGS if fields.get(key, "*") != "*")
+        return f"crontab({given}) {self.tz}"
+
     def __eq__(self, other: object) -> bool:
         # The time zones themselves, not their names: two fixed offsets may share a name.
         return isinstance(other, Cron) and self._key() == other._key()
@@ -280,6 +313,23 @@ class Cron(Schedule):
 
     def __repr__(self) -> str:
         return f"Cron({self.spec!r}, tz={str(self.tz)!r}, day_or={self.day_or}, wildcard={self.wildcard})"
+
+
+#: A crontab's fields in cron's order, and in the order of ``crontab()``'s arguments.
+_CRONTAB_ORDER = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+_CRONTAB_ARGS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+
+
+def _as_written(value: Any) -> str:
+    """A crontab field as its ``crontab()`` argument was given: text, a number, or a collection."""
+    if isinstance(value, str):
+        return "".join(value.split())
+    if isinstance(value, int):
+        return str(value)
+    try:
+        return ",".join(str(item) for item in sorted(value))
+    except TypeError:
+        return str(value)
 
 
 def _crontab_field(values: set[int], full: range) -> str:
@@ -301,7 +351,9 @@ def _from_crontab(entry: Any, tz: dt.tzinfo) -> Cron:
     # The fields as written decide cron's DST rule: minute="*/15" is a step, even as a list here.
     written = f"{entry._orig_minute} {entry._orig_hour}"
     wildcard = any(c in written for c in "*/-")
-    return Cron(spec, tz, day_or=False, wildcard=wildcard)  # Celery's crontab needs both day fields to match
+    given = {key: _as_written(getattr(entry, f"_orig_{key}", "*")) for key in _CRONTAB_ORDER}
+    # Celery's crontab needs both day fields to match.
+    return Cron(spec, tz, day_or=False, wildcard=wildcard, crontab=given)
 
 
 def parse_schedule(value: Any, tz: Any = "UTC") -> Schedule:

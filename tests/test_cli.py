@@ -3,12 +3,14 @@ a real worker writes (statuses, run-now, a worker killed mid-task)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ from kombu import Connection
 from anarchon_celery.history import encode_event
 
 from .support.broker_control import BROKER
+from .support.processes import stop
 from .support.redis_servers import keeps_nothing
+from .support.stores import history_app_on
+from .support.web import start_web, web_port
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.history_app"
@@ -609,3 +614,31 @@ def test_prune_on_a_lease_store_deletes_what_removed_jobs_left(
         elif store == "postgres":
             delete_postgres_rows(url, prefix)
         backend.close()
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_celery_crontab_is_shown_as_one_where_jobs_are_listed(
+    beat_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An imported django-celery-beat crontab (or any Celery crontab) reads as the crontab it is,
+    day of month and day of week both restricting, not as a cron string, whose days are or-ed."""
+    env = history_app_on("sqlite", beat_env, tmp_path, request)
+    crontab = ["--schedule", '{"crontab": "0 9 1-7 * 1"}', "--tz", "Europe/Paris"]
+    added = celery(env, "anarchon", "add", "first-monday", "--task", "history_app.fine", *crontab)
+    assert added.returncode == 0, added.stderr
+    shown = "crontab(minute='0', hour='9', day_of_week='1', day_of_month='1-7') Europe/Paris"
+    listed = celery(env, "anarchon", "jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {job["job"]: job["schedule"] for job in json.loads(listed.stdout)}["first-monday"] == shown
+    table = celery(env, "anarchon", "jobs")
+    assert shown in table.stdout and "1,2,3,4,5,6,7" not in table.stdout, table.stdout
+    log = tmp_path / "web.log"
+    web = start_web(env, log, app=APP)
+    try:
+        port = web_port(log, web)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as answer:
+            page = answer.read().decode()
+    finally:
+        stop(web)
+    assert html.escape(shown) in page and "1,2,3,4,5,6,7" not in page

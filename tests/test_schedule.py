@@ -156,6 +156,43 @@ def test_celery_crontab_forms() -> None:
     assert got == ["2026-01-05T09:00:00+01:00", "2026-01-05T09:15:00+01:00"]  # Friday 17:50 -> Monday
 
 
+@pytest.mark.parametrize(
+    ("value", "shown", "described"),
+    [
+        (  # a django-celery-beat crontab, as its JSON holds it: both day fields restrict
+            {"crontab": "0 9 1-7 * 1"},
+            "crontab(minute='0', hour='9', day_of_week='1', day_of_month='1-7') Europe/Paris",
+            "cron '0 9 1,2,3,4,5,6,7 * 1' Europe/Paris",
+        ),
+        (
+            crontab(minute="*/15", hour="9-17", day_of_week="mon-fri"),
+            "crontab(minute='*/15', hour='9-17', day_of_week='mon-fri') Europe/Paris",
+            "cron '0,15,30,45 9,10,11,12,13,14,15,16,17 * * 1,2,3,4,5' Europe/Paris",
+        ),
+        (crontab(minute=0, hour={2, 14}), "crontab(minute='0', hour='2,14') Europe/Paris", None),
+        (crontab(), "crontab() Europe/Paris", "cron '* * * * *' Europe/Paris"),
+        (
+            Cron("0 9 1-7 * 1", "UTC", day_or=False),
+            "crontab(minute='0', hour='9', day_of_week='1', day_of_month='1-7') UTC",
+            None,
+        ),
+        (  # cron strings and intervals read as written, as before
+            "0 9 1-7 * 1",
+            "cron '0 9 1-7 * 1' Europe/Paris",
+            "cron '0 9 1-7 * 1' Europe/Paris",
+        ),
+        (90, "every 90s", "every 90s"),
+    ],
+)
+def test_a_schedule_is_shown_in_the_form_it_was_written(value: object, shown: str, described: str | None) -> None:
+    """A Celery crontab is shown as one, not as a cron string (whose day fields are or-ed). What
+    instances compare, describe(), is unchanged: the same slots, the same text."""
+    sched = parse_schedule(value, "Europe/Paris")
+    assert sched.display() == shown
+    if described is not None:
+        assert sched.describe() == described
+
+
 # -- daylight saving time -------------------------------------------------------------------------
 
 DST_CASES = [

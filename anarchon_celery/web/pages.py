@@ -77,7 +77,7 @@ def index_page(context: Context, view: Overview) -> str:
             [
                 f"{link}<br><small>{esc(job.task)}</small>",
                 esc(_kind(row.version)),
-                f"<code>{esc(job.schedule.describe())}</code>",
+                f"<code>{esc(job.schedule.display())}</code>",
                 esc(job.tz),
                 _state(row.pause, row.busy, job.tz, view.now_ms),
                 f"{esc(when(upcoming, job.tz))}<br><small>{esc(relative(upcoming, view.now_ms))}</small>",
@@ -100,7 +100,7 @@ def _definition(view: JobView) -> str:
     rows: list[tuple[str, str]] = []
     job, kept = view.job, view.definition
     if job is not None:
-        rows += [("task", job.task), ("schedule", job.schedule.describe()), ("tz", str(job.tz))]
+        rows += [("task", job.task), ("schedule", job.schedule.display()), ("tz", str(job.tz))]
         rows += [("args", as_json(list(job.args))), ("kwargs", as_json(dict(job.kwargs)))]
         rows += [("options", as_json(dict(job.options)))] if job.options else []
         rows += [(key, str(getattr(job, key))) for key in ("jitter_ms", "max_late_ms", "history_size")]
