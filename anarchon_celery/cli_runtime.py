@@ -11,7 +11,7 @@ import click
 
 from .backends.definitions import JobDef
 from .cli import _app, _deployment, _emit, _fail_cleanly, _iso, anarchon, json_option, pause_dict
-from .importing import import_django_celery_beat
+from .importing import import_django_celery_beat, shown_time
 from .pausing import pause, resume
 from .runtime import add_job, remove_job, update_job
 
@@ -244,8 +244,9 @@ def remove_command(ctx: click.Context, job: str, if_version: int | None, as_json
 def import_command(ctx: click.Context, database: str, yes: bool, by: str | None, as_json: bool) -> None:
     """Make runtime jobs of django-celery-beat's PeriodicTask rows (a dry run unless --yes). Each row
     is listed with what becomes of it: a crontab or an interval becomes a job (a disabled task is
-    added paused); what cannot map (one-off, clocked, solar, a task this app does not have) is
-    listed with why, never dropped silently."""
+    added paused, one whose start_time is to come paused until then); what cannot map (expired,
+    one-off, clocked, solar, a task this app does not have) is listed with why, never dropped
+    silently. Times are shown in UTC, with their offset."""
     with _deployment(ctx) as deployment:
         found = import_django_celery_beat(_app(ctx), database, apply=yes, by=by, deployment=deployment)
     rows = []
@@ -253,6 +254,8 @@ def import_command(ctx: click.Context, database: str, yes: bool, by: str | None,
         action = f"{item.action}: {item.reason}" if item.reason else item.action
         if item.paused and item.entry is not None:
             action += " (paused: disabled there)"
+        elif item.until_ms is not None and item.entry is not None:
+            action += f" (paused until {shown_time(item.until_ms)}: its start_time)"
         schedule = None if item.entry is None else item.entry["schedule"]
         rows.append([item.source, item.job, schedule, action, "; ".join(item.notes) or None])
     _emit(as_json, [item.as_dict() for item in found], rows, ["PERIODIC TASK", "JOB", "SCHEDULE", "ACTION", "NOTES"])

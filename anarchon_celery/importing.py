@@ -6,33 +6,42 @@ What maps: a crontab (its five fields, as a Celery crontab, and its time zone) o
 minutes, seconds: aligned to the Unix epoch here, where django-celery-beat counts from the last
 run), the task, its JSON ``args`` and ``kwargs``, ``queue``, ``exchange``, ``routing_key``,
 ``priority``, ``headers`` and ``expire_seconds`` (Celery's ``expires``). A disabled task is added
-paused. What does not: one-off and clocked tasks (a single run at a time: ``run-now`` does
-that), solar schedules, an ``expires`` date (the schedule's end), intervals in microseconds, and
-rows whose JSON does not parse.
+paused; one whose ``start_time`` is to come is added paused until then, when it resumes by
+itself (django-celery-beat does not run it before). What does not: a task whose ``expires`` has
+passed (django-celery-beat never runs it again), one-off and clocked tasks (a single run: ``run-now``
+does that), solar schedules, intervals in microseconds, and rows whose JSON does not parse. An
+``expires`` still to come is not kept (listed with a note). Times the database keeps without a
+zone (SQLite) are read as UTC, as Django keeps them with ``USE_TZ = True``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import re
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import clock
+from .backends.pauses import Pause
 from .errors import BrokerUnavailable, ConfigError
 
-__all__ = ["Imported", "import_django_celery_beat", "map_row", "read_periodic_tasks"]
+__all__ = ["Imported", "import_django_celery_beat", "job_names", "map_row", "read_periodic_tasks", "shown_time"]
 
 _PERIOD_S = {"days": 86_400, "hours": 3_600, "minutes": 60, "seconds": 1}
+#: The kinds of schedule a row names, as its ``<kind>_id`` column.
+_KINDS = ("interval", "crontab", "solar")
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 @dataclass
 class Imported:
     """One ``PeriodicTask`` row: the job it becomes (``entry``, None when it cannot map, with
-    ``reason``), whether it is added paused (disabled there), and what of it was left out."""
+    ``reason``), whether it is added paused (disabled there) or paused until its start
+    (``until_ms``), and what of it was left out."""
 
     source: str  # its name in django-celery-beat
     job: str
@@ -43,6 +52,8 @@ class Imported:
     #: What the import did: ``created``, ``would create`` (a dry run), ``exists`` (a runtime job of
     #: that name is there: left as it is), ``not imported`` (``reason`` says why).
     action: str = ""
+    #: Its ``start_time``, when it is to come: the job is added paused until then (epoch ms).
+    until_ms: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,47 +62,105 @@ class Imported:
             "entry": self.entry,
             "reason": self.reason or None,
             "paused": self.paused,
+            "paused_until": None if self.until_ms is None else shown_time(self.until_ms),
             "notes": self.notes,
             "action": self.action,
         }
 
 
-def job_name(source: str, row_id: int, taken: set[str]) -> str:
-    """A job name for a task named ``source`` (free text there): letters, digits, ``_`` and ``-``,
-    made unique with its row id when two names come out alike."""
-    name = _NAME.sub("-", source).strip("-")[:100] or f"periodic-task-{row_id}"
-    if name in taken:
-        name = f"{name[:90]}-{row_id}"
-    taken.add(name)
-    return name
+def shown_time(ms: int) -> str:
+    """An instant as the listing shows it: ISO 8601 in UTC, with its offset."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _rewritten(source: str, row_id: int) -> str:
+    return _NAME.sub("-", source).strip("-")[:100] or f"periodic-task-{row_id}"
+
+
+def job_names(rows: Sequence[tuple[int, str]]) -> dict[int, str]:
+    """A job name for each row ``(id, name)``, by row id. A name is free text there; here
+    letters, digits, ``_`` and ``-``. A name that is one already keeps it; the others are rewritten
+    (each run of other characters becomes ``-``) and get what is left: a rewritten name that
+    another row has, or that an earlier rewritten one took, ends with its row id."""
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    for row_id, source in rows:
+        if _rewritten(source, row_id) == source and source not in taken:
+            names[row_id] = source
+            taken.add(source)
+    for row_id, source in rows:
+        if row_id in names:
+            continue
+        name = base = _rewritten(source, row_id)
+        more = 0
+        while name in taken:  # (with its row id, a name that another row has already, now and then)
+            more += 1
+            name = f"{base[:90]}-{row_id}" + (f"-{more - 1}" if more > 1 else "")
+        names[row_id] = name
+        taken.add(name)
+    return names
 
 
 class _Unmapped(Exception):
     """Why a row cannot become a job."""
 
 
-def map_row(row: Mapping[str, Any], name: str) -> Imported:
+def map_row(row: Mapping[str, Any], name: str, now_ms: int | None = None) -> Imported:
     """The runtime job a ``PeriodicTask`` row (with its schedule's columns, see
-    :func:`read_periodic_tasks`) becomes."""
+    :func:`read_periodic_tasks`) becomes, read at ``now_ms`` (by default now): a row expired
+    by then does not become one; a row that starts later is paused until its start."""
     source = str(row["name"])
+    now = clock.now_ms() if now_ms is None else now_ms
     notes: list[str] = []
     try:
+        expires, starts = _instant(row, "expires"), _instant(row, "start_time")
+        if expires is not None and expires <= now:
+            raise _Unmapped(f"expired at {shown_time(expires)} (its expires): django-celery-beat never runs it again")
         entry = {"task": str(row["task"]), **_schedule(row, notes), **_call(row)}
         options = _options(row)
     except _Unmapped as exc:
         return Imported(source, name, None, str(exc))
     if options:
         entry["options"] = options
-    if row.get("expires"):
-        notes.append(f"expires {row['expires']} is not kept: remove the job then")
-    if row.get("start_time"):
-        notes.append(f"start_time {row['start_time']} is not kept: it runs from its next slot")
-    return Imported(source, name, entry, paused=not row.get("enabled", True), notes=notes)
+    if expires is not None:
+        notes.append(f"expires {shown_time(expires)} is not kept: remove the job then")
+    found = Imported(source, name, entry, paused=not row.get("enabled", True), notes=notes)
+    if starts is not None and starts > now:
+        if found.paused:
+            at = shown_time(starts)
+            notes.append(
+                f"start_time {at} is to come: to run it from then, pause it --until {at} rather than resume it"
+            )
+        else:
+            found.until_ms = starts
+            notes.append(f"start_time {shown_time(starts)}: paused until then, when it resumes by itself")
+    return found
+
+
+def _instant(row: Mapping[str, Any], key: str) -> int | None:
+    """The row's date ``key`` (a datetime, or text in SQLite) in epoch ms; without a zone, UTC."""
+    value = row.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, dt.datetime):
+        try:
+            value = dt.datetime.fromisoformat(str(value))
+        except ValueError:
+            raise _Unmapped(f"its {key} {value!r} is not a date") from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return int(value.timestamp() * 1000)
 
 
 def _schedule(row: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
-    if row.get("one_off") or row.get("clocked_id") is not None:
-        raise _Unmapped("a one-off (clocked) task: anarchon runs schedules; send it once with run-now")
+    if row.get("clocked_id") is not None:
+        raise _Unmapped("a clocked task (one run at a set time): anarchon runs schedules; send it once with run-now")
+    if row.get("one_off"):
+        kind = next((kind for kind in _KINDS if row.get(f"{kind}_id") is not None), "")
+        raise _Unmapped(
+            f"a one-off {kind + ' ' if kind else ''}task (django-celery-beat runs it once, then disables it): "
+            "anarchon runs schedules; send it once with run-now"
+        )
     if row.get("solar_id") is not None:
         raise _Unmapped("a solar schedule: use a cron spec in the place's time zone")
     if row.get("crontab_id") is not None:
@@ -158,11 +227,13 @@ ORDER BY t.name
 
 def read_periodic_tasks(url: str) -> list[Imported]:
     """Every ``PeriodicTask`` of the django-celery-beat database at ``url`` (``sqlite:///path`` or
-    ``postgresql://...``), mapped (:func:`map_row`). ConfigError for another kind of database or
-    one without django-celery-beat's tables; BrokerUnavailable when it cannot be reached."""
+    ``postgresql://...``), named (:func:`job_names`) and mapped (:func:`map_row`). ConfigError
+    for another kind of database or one without django-celery-beat's tables; BrokerUnavailable
+    when it cannot be reached."""
     with _rows(url) as rows:
-        taken: set[str] = set()
-        return [map_row(row, job_name(str(row["name"]), int(row["id"]), taken)) for row in rows]
+        names = job_names([(int(row["id"]), str(row["name"])) for row in rows])
+        now = clock.now_ms()
+        return [map_row(row, names[int(row["id"])], now) for row in rows]
 
 
 @contextlib.contextmanager
@@ -214,11 +285,11 @@ def import_django_celery_beat(
 ) -> list[Imported]:
     """The runtime jobs the ``PeriodicTask`` rows of the database at ``url`` become, each
     validated as :func:`~.runtime.add_job` would (a task this app does not have is not imported,
-    with why); with ``apply``, added (a disabled task paused), else a dry run. A job of that
-    name kept already is left as it is (``exists``): importing twice adds nothing twice."""
+    with why); with ``apply``, added (a disabled task paused, one that starts later paused until
+    its start), else a dry run. A job of that name kept already is left as it is (``exists``):
+    importing twice adds nothing twice."""
     from .control import configure
-    from .pausing import pause
-    from .runtime import _checked, add_job
+    from .runtime import _checked
 
     found = read_periodic_tasks(url)
     own = deployment is None
@@ -240,13 +311,36 @@ def import_django_celery_beat(
             if not apply:
                 item.action = "would create"
                 continue
-            entry = dict(item.entry)
-            task, schedule = entry.pop("task"), entry.pop("schedule")
-            add_job(app, item.job, task=task, schedule=schedule, by=by, deployment=deployment, **entry)
-            if item.paused:
-                pause(app, item.job, note="disabled in django-celery-beat", by=by, deployment=deployment)
+            _add(app, deployment, item, by)
             item.action = "created"
     finally:
         if own:
             deployment.release()
     return found
+
+
+def _add(app: Any, deployment: Any, item: Imported, by: str | None) -> None:
+    """Add the job, paused first when it must be: its pause is kept before its definition, so
+    that no instance ever sees it active (a pause of a job not defined yet waits for it)."""
+    from .runtime import _author, add_job
+
+    assert item.entry is not None
+    entry = dict(item.entry)
+    task, schedule = entry.pop("task"), entry.pop("schedule")
+    now = clock.now_ms()
+    pause = None
+    if item.paused:
+        pause = Pause(by=_author(by), at_ms=now, note="disabled in django-celery-beat")
+    elif item.until_ms is not None and item.until_ms > now:
+        note = f"start_time in django-celery-beat: runs from {shown_time(item.until_ms)}"
+        pause = Pause(by=_author(by), at_ms=now, note=note, until_ms=item.until_ms)
+    if pause is not None:
+        deployment.backend.pause(item.job, pause)
+    try:
+        add_job(app, item.job, task=task, schedule=schedule, by=by, deployment=deployment, **entry)
+    except Exception:
+        if pause is not None:  # ours, on a job not added (or added meanwhile by another import)
+            with contextlib.suppress(Exception):  # (the error that matters is the add's)
+                if deployment.backend.pauses().get(item.job) == pause:
+                    deployment.backend.resume(item.job)
+        raise
