@@ -14,7 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Health", "Heartbeat"]
+__all__ = ["UNANSWERED_S", "Health", "Heartbeat"]
+
+#: Seconds a call of the scheduler loop may wait for its backend's answer before the beat is no
+#: longer ready. A store answers a batch of 500 claims in well under a second (0.1 to 0.3 s on a
+#: 2-core machine); a call unanswered this long finds the store frozen, gone or cut off, long
+#: before the call itself gives up (the store's ``timeout``, 5 s on Redis, and once more on a new
+#: connection), and the runs due meanwhile wait.
+UNANSWERED_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,11 @@ class Heartbeat:
             self._turns += 1
             self._mark, self._wake_at = now, now + max(0.0, seconds)
 
-    def check(self, in_outage: bool, backend: str, stopping: bool = False) -> Health:
+    def check(self, in_outage: bool, backend: str, stopping: bool = False, unanswered_s: float = 0.0) -> Health:
         """The beat's health now; ``in_outage`` is whether the backend failed the loop's last
         calls, ``backend`` what to call it in the reason (never with a password), ``stopping``
-        whether a stop was asked for (no longer ready: the loop finishes the runs in progress)."""
+        whether a stop was asked for (no longer ready: the loop finishes the runs in progress),
+        ``unanswered_s`` how long the backend has not answered a call (see :data:`UNANSWERED_S`)."""
         with self._lock:
             now = self._clock()
             due = self._wake_at if self._wake_at is not None else self._mark
@@ -89,6 +97,10 @@ class Heartbeat:
             return Health(True, False, "alive, not ready: stopping")
         if in_outage:
             return Health(True, False, f"alive, not ready: {backend} does not answer; runs are not claimed")
+        if unanswered_s > UNANSWERED_S:
+            return Health(
+                True, False, f"alive, not ready: {backend} has not answered for {unanswered_s:.1f} s; runs wait for it"
+            )
         if not turns:
             return Health(True, False, "alive, not ready: the scheduler loop's first turn is in progress")
         return Health(True, True, f"ready: the scheduler loop moved {now - mark:.1f} s ago; {backend} answers")

@@ -158,7 +158,9 @@ class BeatProbes:
         backend = self.backend
         if backend is None:
             return self.heartbeat.check(False, "the backend", stopping.requested())
-        return self.heartbeat.check(backend.in_outage() or not self.answered, backend.describe(), stopping.requested())
+        return self.heartbeat.check(
+            backend.in_outage() or not self.answered, backend.describe(), stopping.requested(), backend.unanswered_s()
+        )
 
     def stop(self) -> None:
         if self.server is not None:

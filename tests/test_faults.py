@@ -478,15 +478,24 @@ def test_a_run_due_while_every_beat_was_down_is_sent_by_the_first_one_back(
 ) -> None:
     # No beat runs across a slot (a deploy that stops them all first, a node drain); one starts
     # 1 to 3 s after it, well within the run's lateness (15 s; the slot before is past its own): it
-    # claims and sends that run.
+    # claims and sends that run, since the job existed then (a beat ran it before).
     every_ms = 20_000
     env = dict(beat_env, HISTORY_APP_EVERY=str(every_ms // 1000), HISTORY_APP_MAX_LATE_MS="15000")
     if store == "sqlite":
         env["HISTORY_APP_BACKEND"] = f"sqlite:///{tmp_path / 'anarchon.db'}"
-    while not 1_000 <= time.time() * 1000 % every_ms <= 3_000:
+    log = tmp_path / "beat.log"
+    before = start_beat(env, tmp_path / "before.log")
+    try:
+        wait_for(tmp_path / "before.log", "anarchon: ready as", before)
+        before.send_signal(signal.SIGTERM)
+        assert before.wait(30) == 0
+    finally:
+        kill(before)
+    stopped = time.time() * 1000
+    sent_slots(broker_url, f"{prefix}tasks")  # (drained: what it sent while it ran is not looked at)
+    while not (1_000 <= time.time() * 1000 % every_ms <= 3_000 and time.time() * 1000 // every_ms * every_ms > stopped):
         time.sleep(0.05)
     missed = int(time.time() * 1000) // every_ms * every_ms
-    log = tmp_path / "beat.log"
     beat = start_beat(env, log)
     try:
         wait_for(log, f"slot {missed + every_ms}: won, sent", beat)  # the first run due while it is up

@@ -7,6 +7,7 @@ running ``-B`` serves them too, a port taken is said and the beat runs on, and t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from celery import Celery
 
 from anarchon_celery.errors import ConfigError
-from anarchon_celery.health import Heartbeat
+from anarchon_celery.health import UNANSWERED_S, Heartbeat
 from anarchon_celery.settings import Settings
 
 from .support.processes import start_celery
@@ -84,6 +85,26 @@ def test_an_outage_or_a_stop_is_alive_but_not_ready() -> None:
         beat.check(False, "Redis", True).live
         and beat.check(False, "Redis", True).reason == "alive, not ready: stopping"
     )
+
+
+@pytest.mark.parametrize(
+    ("unanswered_s", "ready"), [(0.0, True), (UNANSWERED_S - 0.1, True), (UNANSWERED_S + 0.1, False), (30.0, False)]
+)
+def test_a_call_the_backend_has_not_answered_for_long_is_not_ready(unanswered_s: float, ready: bool) -> None:
+    clock = Clock()
+    beat = Heartbeat(60.0, clock)
+    beat.set_up()
+    beat.turning()
+    beat.sleeping(1)
+    clock.now += 1
+    beat.turning()  # the loop waits in a call (a frozen store): alive, as long as it waits less than the stall
+    health = beat.check(False, "Redis at redis://127.0.0.1:6379/0", unanswered_s=unanswered_s)
+    assert (health.live, health.ready) == (True, ready)
+    if not ready:
+        assert health.reason == (
+            f"alive, not ready: Redis at redis://127.0.0.1:6379/0 has not answered for {unanswered_s:.1f} s; "
+            "runs wait for it"
+        )
 
 
 @pytest.mark.parametrize("port", [True, -1, 65536, "9808", 1.5])
@@ -358,6 +379,46 @@ def test_a_loop_wedged_by_a_store_that_never_answers_fails_liveness(
         assert proc.wait(30) == 0
     finally:
         kill(proc)
+
+
+@pytest.mark.processes
+@pytest.mark.broker
+@pytest.mark.stores
+@pytest.mark.timeout(180)
+def test_a_store_that_stops_answering_is_not_ready_at_once_and_its_outage_counts_from_then(
+    redis_proxy: Proxy, redis_url: str, beat_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Redis frozen for 20 s (its proxy stalls: no answer, no error, as a SIGSTOPped Redis): the
+    beat is not ready once its first call left unanswered has waited UNANSWERED_S, before the call
+    gives up (Redis's timeout of 5 s, then once more on a new connection), and ``health --ready``
+    says so; the outage it logs once Redis answers again counts from that first call."""
+    port, env = _probed(beat_env, _via(redis_proxy, redis_url))
+    log = tmp_path / "beat.log"
+    proc = start_beat(env, log)
+    try:
+        _until(port, "/readyz", 200, proc, log)
+        redis_proxy.stall()
+        frozen = time.monotonic()
+        line = _until(port, "/readyz", 503, proc, log)
+        assert line.startswith(f"alive, not ready: Redis at {_via(redis_proxy, redis_url)} (prefix "), line
+        assert " has not answered for " in line and line.endswith(" s; runs wait for it"), line
+        done = _health_cli(env, "--ready")
+        assert done.returncode == 1 and done.stdout.startswith("alive, not ready: Redis at"), done
+        time.sleep(max(0.0, 20 - (time.monotonic() - frozen)))
+        redis_proxy.resume()
+        thawed = time.monotonic()
+        _until(port, "/readyz", 200, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        kill(proc)
+    text = log.read_text(errors="replace")
+    back = re.search(r"Redis at \S+ \(prefix [^)]*\) is back after ([0-9.]+)s", text)
+    assert back is not None, text[-3000:]
+    # Counted from the first call left unanswered, made within a second of the freeze (a job every
+    # second, and a look for changes every half second): not from when a call gave up.
+    assert float(back.group(1)) >= thawed - frozen - 3, (back.group(0), thawed - frozen)
+    assert text.count("claiming again on a new connection") <= 1, "one line for the outage, not one per claim"
 
 
 @pytest.mark.processes

@@ -122,9 +122,29 @@ def test_a_wrong_redis_password(beat_env: dict[str, str], tmp_path: Path, redis_
     url = redis_url.replace("redis://", f"redis://{redis_user}:wrong-pw@", 1)
     env = dict(beat_env, HISTORY_APP_BACKEND=url)
     line = stopped_in_one_line(env, tmp_path, "refused the login")
-    assert "Give the right password" in line
+    assert "Give the right password" in line and f"authentication failed for user {redis_user!r}" in line
+    assert "user is disabled). Give" in line and ".." not in line  # Redis's reason, without its full stop
     assert "wrong-pw" not in (tmp_path / "beat.log").read_text(errors="replace")
     check_fails(env, "refused the login")
+
+
+@pytest.mark.timeout(120)
+def test_a_redis_that_asks_for_a_password_the_url_does_not_give(beat_env: dict[str, str], tmp_path: Path) -> None:
+    import redis
+
+    from .support.redis_servers import OwnRedisServer
+
+    server = OwnRedisServer(tmp_path / "redis")
+    try:
+        with redis.Redis(port=server.port) as admin:
+            admin.config_set("requirepass", "s3cret")
+        env = dict(beat_env, HISTORY_APP_BACKEND=server.url)
+        line = stopped_in_one_line(env, tmp_path, "Redis asks for a password and the URL gives none")
+        assert f"Redis at {server.url}" in line and "Give the password in the URL" in line
+        assert "HELLO" not in line  # (Redis's answer to redis-py's first command)
+        check_fails(env, "the URL gives none")
+    finally:
+        server.kill()
 
 
 @pytest.mark.timeout(120)

@@ -521,6 +521,13 @@ class Backend(abc.ABC):
         nothing: every job starts with the instance."""
         return dict(since)
 
+    def unanswered_s(self) -> float:
+        """Seconds since the first call of the loop that the backend has not answered, 0 when it
+        answered the last one: read by readiness, so that a store that stops answering (frozen,
+        or its connection dead) makes the beat not ready within :data:`~anarchon_celery.health.
+        UNANSWERED_S`, before the call gives up. The default: 0 (an outage is :meth:`in_outage`)."""
+        return 0.0
+
     def in_outage(self) -> bool:
         """Whether the backend cannot reach its store right now. The backend logs one line when an
         outage starts, a reminder a minute while it lasts, and one line when it ends with the runs

@@ -30,8 +30,17 @@ from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
+from .redis_births import RedisBirths
 from .redis_busy import RedisOverlap, freed_of
-from .redis_client import OPTIONS, REDIS_SCHEMES, describe_client, make_client, server_info, split_options
+from .redis_client import (
+    OPTIONS,
+    REDIS_SCHEMES,
+    describe_client,
+    login_refusal,
+    make_client,
+    server_info,
+    split_options,
+)
 from .redis_defs import RedisDefinitions
 from .redis_pauses import RedisPauses
 from .redis_persistence import RedisPersistence
@@ -59,7 +68,7 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence, StoreBackend):
+class RedisBackend(RedisDefinitions, RedisPauses, RedisBirths, RedisOverlap, RedisPersistence, StoreBackend):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -152,10 +161,7 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence
         try:
             info = self.client.info("server")
         except self._login_refused as exc:  # a ConnectionError to redis-py, but no outage
-            raise BrokerRefused(
-                f"{self.describe()} refused the login: {exc}. Give the right password (and user) in "
-                "the URL, redis://[USER]:PASSWORD@host:6379/0"
-            ) from exc
+            raise BrokerRefused(login_refusal(self.describe(), self.client, exc)) from exc
         except self._errors as exc:
             raise BrokerUnavailable(f"{self.describe()} does not answer ({type(exc).__name__}: {exc})") from exc
         except self._refused as exc:
@@ -366,13 +372,15 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence
         if peers is None:
             return
         try:
-            found = self.client.xread({f"{self.prefix}peers": self._heard}, count=100)
+            with self._outages.asking("read the instances' announcements"):
+                found = self.client.xread({f"{self.prefix}peers": self._heard}, count=100)
             for _, entries in found:
                 for entry_id, fields in entries:
                     self._heard = entry_id.decode()
                     peers.heard(fields.get(b"announcement", b""))
             if peers.answer_due:
-                self._announce(hello=False)
+                with self._outages.asking("announce this instance's jobs"):
+                    self._announce(hello=False)
         except (self._refused, *self._errors) as exc:
             logger.debug("anarchon: announcements not shared through %s (%s)", self.describe(), exc)
 
@@ -391,7 +399,8 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence
         for job, size in {job: size for job, _, size in kept}.items():
             pipe.ltrim(f"{self.prefix}history.{job}", -size * (EVENTS_PER_RUN + 1), -1)
         try:
-            pipe.execute()
+            with self._outages.asking("write history"):
+                pipe.execute()
         except (self._refused, *self._errors) as exc:
             logger.warning("anarchon: %d history event(s) not written to %s (%s)", len(kept), self.describe(), exc)
             return 0
@@ -416,7 +425,7 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisOverlap, RedisPersistence
         """The keys of jobs matching ``pattern_job`` (a glob), by job: cursor, catch-up key, run records, history."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
         found: dict[str, list[bytes]] = {}
-        for kind in ("cursor", "catchup", "busy", "pause", "run", "history", "backfill"):
+        for kind in ("cursor", "born", "catchup", "busy", "pause", "run", "history", "backfill"):
             for key in self.client.scan_iter(match=f"{escaped}{kind}.{pattern_job}", count=1000):
                 rest = key.decode()[len(self.prefix) + len(kind) + 1 :]
                 found.setdefault(rest.split(".", 1)[0], []).append(key)

@@ -302,7 +302,7 @@ class SqlBackend(SqlDefinitions, SqlPauses, SqlBirths, SqlOverlap, StoreBackend)
         if peers is None:
             return
         try:
-            with self._rows() as db:
+            with self._outages.asking("read the instances' announcements"), self._rows() as db:
                 rows = db.execute(
                     "SELECT id, announcement FROM anarchon_peers WHERE prefix = ? AND id > ? ORDER BY id",
                     (self.prefix, self._heard),
@@ -311,7 +311,8 @@ class SqlBackend(SqlDefinitions, SqlPauses, SqlBirths, SqlOverlap, StoreBackend)
                 self._heard = row_id
                 peers.heard(announcement)
             if peers.answer_due:
-                self._announce(hello=False)
+                with self._outages.asking("announce this instance's jobs"):
+                    self._announce(hello=False)
         except self.failure_errors as exc:
             logger.debug("anarchon: announcements not shared through %s (%s)", self.describe(), _first_line(exc))
 
@@ -325,7 +326,7 @@ class SqlBackend(SqlDefinitions, SqlPauses, SqlBirths, SqlOverlap, StoreBackend)
         if not kept:
             return 0
         try:
-            with self._rows() as db:
+            with self._outages.asking("write history"), self._rows() as db:
                 db.executemany(
                     "INSERT INTO anarchon_events (prefix, job, event) VALUES (?, ?, ?)",
                     [(self.prefix, job, event) for job, event, _ in kept],

@@ -32,7 +32,6 @@ from .base import (
     Gap,
     JobState,
     LeaseStore,
-    MissedRuns,
     Outcome,
     Overlapped,
     Start,
@@ -43,6 +42,7 @@ from .base import (
 )
 from .busy import Freed
 from .definitions import JobDef
+from .outages import Outages
 from .pauses import Pause
 
 __all__ = ["DEFAULT_LEASE_MS", "EARLY_WAIT_MS", "Answer", "StoreBackend", "check_lease"]
@@ -108,9 +108,9 @@ class StoreBackend(Backend, LeaseStore, JobState):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = float(timeout)
-        self._outage_since: float | None = None
-        self._outage_reminded = 0.0  # time.monotonic() of its last line
-        self._missed = MissedRuns()
+        self._outages = Outages(
+            self.describe, lambda: (*self.answer_lost_errors, *self.failure_errors), lambda: self.outage_reminder_s
+        )
         self._armed: list[Armed] = []
         self._gaps: list[Gap] = []
         self._overlapped: list[Overlapped] = []
@@ -180,13 +180,19 @@ class StoreBackend(Backend, LeaseStore, JobState):
         waited = failed = again = False
         while todo:
             try:
-                answers = self._decide([claims[i] for i in todo], instance, recover)
+                with self._outages.asking():
+                    answers = self._decide([claims[i] for i in todo], instance, recover)
             except self.answer_lost_errors as exc:
                 self._in_doubt.update(keys[i] for i in todo)
                 recover.update(keys[i] for i in todo)
                 if not again:  # once more, on a new connection: a win whose answer was lost is found
                     again = True
-                    logger.info("anarchon: claiming again on a new connection to %s (%s)", self.describe(), exc)
+                    logger.log(
+                        logging.DEBUG if self.in_outage() else logging.INFO,  # (the outage is told)
+                        "anarchon: claiming again on a new connection to %s (%s)",
+                        self.describe(),
+                        exc,
+                    )
                     continue
                 self._failed("decide claims", exc)
                 failed = True
@@ -284,10 +290,11 @@ class StoreBackend(Backend, LeaseStore, JobState):
     def _again_on_a_new_connection(self, step: Callable[[], T]) -> T:
         """``step``, made once more (on a new connection) when its connection failed: for the steps
         that may be made twice (taking over, marking sent, handing back)."""
-        try:
-            return step()
-        except self.answer_lost_errors:
-            return step()
+        with self._outages.asking():
+            try:
+                return step()
+            except self.answer_lost_errors:
+                return step()
 
     def overlapped(self) -> list[Overlapped]:
         overlapped, self._overlapped = self._overlapped, []
@@ -314,9 +321,10 @@ class StoreBackend(Backend, LeaseStore, JobState):
         if not jobs:
             return []
         try:
-            taken, freed = self._next_pending(
-                jobs, instance, deadline_ms
-            )  # (once: a run taken whose answer was lost holds its job for a lease, then the next one goes)
+            with self._outages.asking("look for pending runs"):
+                taken, freed = self._next_pending(
+                    jobs, instance, deadline_ms
+                )  # (once: a run taken whose answer was lost holds its job for a lease, then the next one goes)
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.debug("anarchon: pending runs not looked for in %s (%s)", self.describe(), exc)
             return []
@@ -366,7 +374,7 @@ class StoreBackend(Backend, LeaseStore, JobState):
 
     def handed_back(self) -> list[tuple[str, int]]:
         try:
-            return self._handed_back()
+            return self._handed_back()  # (what a subscription has read already: no call of the store)
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.debug("anarchon: leases handed back not heard from %s (%s)", self.describe(), exc)
             return []
@@ -389,7 +397,8 @@ class StoreBackend(Backend, LeaseStore, JobState):
     def _control_step(self, what: str, step: Callable[[], T]) -> T:
         self.open()
         try:
-            return step()
+            with self._outages.asking():
+                return step()
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             raise BrokerUnavailable(f"{self.describe()} cannot {what}: {type(exc).__name__}: {exc}") from exc
 
@@ -417,7 +426,8 @@ class StoreBackend(Backend, LeaseStore, JobState):
         if self.in_outage() or time.monotonic() < self._looks_again_at:
             return set(), since
         try:
-            return self._job_changes(since)
+            with self._outages.asking("look for changes of runtime jobs"):
+                return self._job_changes(since)
         except (*self.answer_lost_errors, *self.failure_errors) as exc:
             logger.debug("anarchon: changes of runtime jobs not read from %s (%s)", self.describe(), exc)
             self._looks_again_at = time.monotonic() + self.timeout
@@ -550,7 +560,8 @@ class StoreBackend(Backend, LeaseStore, JobState):
         if self._place is None:
             try:
                 kind = type(self).__name__.removesuffix("Backend")
-                self._place = f"{kind} store {self._store_id()}, prefix {self.prefix!r}"
+                with self._outages.asking("say which store it is"):
+                    self._place = f"{kind} store {self._store_id()}, prefix {self.prefix!r}"
             except (*self.answer_lost_errors, *self.failure_errors) as exc:
                 logger.debug("anarchon: %s cannot say which store it is (%s)", self.describe(), exc)
         return self._place
@@ -568,42 +579,17 @@ class StoreBackend(Backend, LeaseStore, JobState):
     # -- outages ----------------------------------------------------------------------------------
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        """Note an outage of the store: logged when it starts, then every ``outage_reminder_s``
-        while it lasts, and once more when it ends, with the runs missed meanwhile."""
-        now = time.monotonic()
-        if self._outage_since is None:
-            self._outage_since = self._outage_reminded = now
-            logger.error(
-                "anarchon: %s cannot %s (%s: %s); runs due meanwhile are claimed again until their deadline",
-                self.describe(),
-                what,
-                type(exc).__name__,
-                exc,
-            )
-        elif now - self._outage_reminded >= self.outage_reminder_s:
-            self._outage_reminded = now
-            logger.warning(
-                "anarchon: %s still cannot %s after %.0fs (%s: %s); %d run(s) not claimed so far",
-                self.describe(),
-                what,
-                now - self._outage_since,
-                type(exc).__name__,
-                exc,
-                self._missed.count,
-            )
+        """Note an outage of the store (see :mod:`.outages`)."""
+        self._outages.failed(what, exc)
 
     def _recovered(self) -> None:
-        if self._outage_since is not None:
-            logger.warning(
-                "anarchon: %s is back after %.1fs; %s",
-                self.describe(),
-                time.monotonic() - self._outage_since,
-                self._missed,
-            )
-            self._outage_since, self._missed = None, MissedRuns()
+        self._outages.recovered()
 
     def in_outage(self) -> bool:
-        return self._outage_since is not None
+        return self._outages.since is not None
+
+    def unanswered_s(self) -> float:
+        return self._outages.unanswered_s()
 
     def missed(self, job: str, slots: Sequence[int]) -> None:
-        self._missed.add(job, slots)
+        self._outages.missed.add(job, slots)
