@@ -172,9 +172,14 @@ class _Spelling:
     def is_ours(self, name: str) -> bool:
         """Whether ``name`` looks meant for anarchon_celery, whether or not Celery reads it:
         ``anarchon_*``, under the app's namespace or under another (``CELERY_ANARCHON_PREFIX`` on
-        an app without one)."""
-        rest = self._rest(name)
-        return rest.startswith(_OURS) or f"_{_OURS}" in rest
+        an app without one), that last only when what follows is a setting or close to one (a
+        ``MYPROJ_ANARCHON_DASHBOARD_URL`` of the user's own is none of ours)."""
+        if self._rest(name).startswith(_OURS):
+            return True
+        elsewhere = self.elsewhere(name)
+        if elsewhere is None:
+            return False
+        return elsewhere[1] in DEFAULTS or bool(difflib.get_close_matches(elsewhere[1], sorted(DEFAULTS), 1, 0.75))
 
     def elsewhere(self, name: str) -> tuple[str, str] | None:
         """The namespace ``name`` is written under when it is not the app's, and the setting's key

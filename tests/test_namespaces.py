@@ -94,6 +94,11 @@ def test_a_setting_celery_reads_is_read(loaded: str, settings: dict[str, Any]) -
     assert Settings.from_app(app_with(loaded, **settings)).prefix == "x."
 
 
+@pytest.mark.parametrize("name", ["MYPROJ_ANARCHON_DASHBOARD_URL", "CELERY_ANARCHON_CELERY_CLUSTER"])
+def test_a_setting_of_the_users_own_that_only_contains_anarchon_is_left_alone(name: str) -> None:
+    assert Settings.from_app(app_with("update", **{name: "x", "anarchon_prefix": "x."})).prefix == "x."
+
+
 # -- real processes -------------------------------------------------------------------------------
 
 APP = """

@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from anarchon_celery import ConfigError, Settings
+from anarchon_celery.backends import backend_for
+
 from .support.processes import start_celery
 from .support.stores import delete_postgres_rows, delete_redis_keys
 from .test_cli import celery
 from .test_faults import kill, start_beat, stopped_in_one_line, wait_for
+from .test_jobs import make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes, pytest.mark.stores]
 
@@ -38,6 +42,24 @@ def test_a_sqlite_file_in_a_missing_directory(beat_env: dict[str, str], tmp_path
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("redis:/127.0.0.1:6391/5", "redis:/127.0.0.1:6391/5"),
+        ("redis:/:s3cr/et@h:6379/0", "redis:/:**@h:6379/0"),  # a password with a slash (base64)
+        ("redis:/u:pa:ss@h/0", "redis:/u:**@h/0"),
+        ("redis:/:p@ss@h/0", "redis:/:**@h/0"),
+        ("postgresql:/app:pw@db/x", "postgresql:/app:**@db/x"),
+    ],
+)
+def test_a_malformed_urls_password_is_masked_whatever_it_holds(given: str, shown: str) -> None:
+    app = make_app()
+    app.conf.anarchon_backend = given
+    with pytest.raises(ConfigError) as raised:
+        backend_for(app, Settings.from_app(app))
+    assert f"anarchon_backend {shown!r} is a malformed URL" in str(raised.value)
+
+
 def test_a_malformed_store_url_is_shown_as_given(beat_env: dict[str, str], tmp_path: Path) -> None:
     given = "redis:/127.0.0.1:6391/5"  # one slash
     env = dict(beat_env, HISTORY_APP_BACKEND=given)

@@ -118,7 +118,10 @@ def _malformed(url: str) -> ConfigError | None:
     is shown as given, its password masked."""
     if "://" in url:
         return None
-    shown = re.sub(r":[^:@/]*@", ":**@", url)
+    scheme, _, rest = url.partition(":")
+    user, at, where = rest.rpartition("@")
+    # Whatever stands between the user's name and the last @ is masked, slashes and colons too.
+    shown = f"{scheme}:{user.split(':', 1)[0]}:**@{where}" if at and ":" in user else url
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     expected = _FORMS.get(scheme, "scheme://..., such as redis://host:port/db or sqlite:///path/of/anarchon.db")
     return ConfigError(f"anarchon_backend {shown!r} is a malformed URL: expected {expected}")
