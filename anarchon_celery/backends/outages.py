@@ -38,28 +38,36 @@ class Outages:
         self.since: float | None = None  # time.monotonic() of its first unanswered call
         self._reminded = 0.0  # time.monotonic() of its last line
         self._unanswered_since: float | None = None
+        self._claims_failing = False  # a claim failed in this outage: only a claim answered ends it
         self.missed = MissedRuns()
 
     @contextlib.contextmanager
     def asking(self, what: str | None = None) -> Iterator[None]:
         """Around one call of the store: from its start, the store owes an answer (unless an
-        earlier call is still unanswered: that one counts); answered when it returns, which ends
-        an outage. With ``what`` (what the call does, for the outage's line), one of the store's
-        errors starts an outage, or goes on with it; without, the caller says (a claim, made once
-        more on a new connection first). The error is raised as it is."""
+        earlier call is still unanswered: that one counts); answered when it returns.
+
+        With ``what`` (what the call does, for the outage's line), the call is one of the loop's
+        own (a look for changes, the instances' announcements): one of the store's errors after
+        :data:`LATE_ANSWER_S` without an answer starts an outage (a frozen store: the call waited
+        for the store's timeout), or goes on with it; a quicker one (a connection reset once) is
+        the caller's to log. Its answer ends an outage that no claim failed in (a store that
+        answers reads but refuses claims, a read-only replica, stays in its outage). Without
+        ``what``, the caller says (a claim, made once more on a new connection first; history,
+        written by workers too). The error is raised as it is."""
         if self._unanswered_since is None:
             self._unanswered_since = time.monotonic()
         try:
             yield
         except self._errors() as exc:
-            if what is not None:
+            if what is not None and (self.since is not None or self.unanswered_s() >= LATE_ANSWER_S):
                 self.failed(what, exc)
             raise
         waited = time.monotonic() - self._unanswered_since
-        if self.since is not None:
-            self.recovered()
-            return
         self._unanswered_since = None
+        if self.since is not None:
+            if not self._claims_failing:
+                self.recovered()
+            return
         if waited > LATE_ANSWER_S:  # (an outage says how long it lasted)
             logger.warning(
                 "anarchon: %s answered after %.1fs without an answer; the runs due meanwhile were claimed late",
@@ -72,9 +80,10 @@ class Outages:
         since = self._unanswered_since
         return 0.0 if since is None else max(0.0, time.monotonic() - since)
 
-    def failed(self, what: str, exc: BaseException) -> None:
-        """A call failed: an outage starts (logged, counted from its first unanswered call), or
-        goes on (a reminder every ``reminder_s()``)."""
+    def failed(self, what: str, exc: BaseException, *, claims: bool = False) -> None:
+        """A call failed (``claims``: a claim, or a takeover): an outage starts (logged, counted
+        from its first unanswered call), or goes on (a reminder every ``reminder_s()``)."""
+        self._claims_failing = self._claims_failing or claims
         reminder_s = self._reminder_s()
         now = time.monotonic()
         if self.since is None:
@@ -108,4 +117,4 @@ class Outages:
             logger.warning(
                 "anarchon: %s is back after %.1fs; %s", self._describe(), time.monotonic() - self.since, self.missed
             )
-            self.since, self.missed = None, MissedRuns()
+            self.since, self.missed, self._claims_failing = None, MissedRuns(), False

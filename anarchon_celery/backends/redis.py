@@ -399,7 +399,7 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisBirths, RedisOverlap, Red
         for job, size in {job: size for job, _, size in kept}.items():
             pipe.ltrim(f"{self.prefix}history.{job}", -size * (EVENTS_PER_RUN + 1), -1)
         try:
-            with self._outages.asking("write history"):
+            with self._outages.asking():  # (in workers too: no outage of the beat's)
                 pipe.execute()
         except (self._refused, *self._errors) as exc:
             logger.warning("anarchon: %d history event(s) not written to %s (%s)", len(kept), self.describe(), exc)

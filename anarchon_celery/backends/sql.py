@@ -326,7 +326,7 @@ class SqlBackend(SqlDefinitions, SqlPauses, SqlBirths, SqlOverlap, StoreBackend)
         if not kept:
             return 0
         try:
-            with self._outages.asking("write history"), self._rows() as db:
+            with self._outages.asking(), self._rows() as db:  # (in workers too: no outage of the beat's)
                 db.executemany(
                     "INSERT INTO anarchon_events (prefix, job, event) VALUES (?, ?, ?)",
                     [(self.prefix, job, event) for job, event, _ in kept],

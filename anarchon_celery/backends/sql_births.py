@@ -11,9 +11,6 @@ from .births import born
 
 __all__ = ["SqlBirths"]
 
-#: Jobs read and written per statement (SQLite takes at most 32,766 parameters in one).
-CHUNK = 500
-
 
 class SqlBirths:
     """The births step of a SQL store, mixed into :class:`~.sql.SqlBackend`."""
@@ -27,27 +24,24 @@ class SqlBirths:
         def _rows(self) -> contextlib.AbstractContextManager[Any]: ...
 
     def _introduce(self, since: Mapping[str, int]) -> dict[str, int]:
-        """Every job's row made if missing, then read (locked, in job order: two instances never
-        deadlock) and its birth written where it goes down, in one transaction."""
-        jobs = sorted(since)
+        """Every job's row made if missing, then the deployment's rows read, locked in the order
+        a claim locks them (the database's order of their names: instances never deadlock), and
+        each birth written where it goes down, in one transaction."""
         found: dict[str, int] = {}
         with self._rows() as db:
             db.executemany(
                 "INSERT INTO anarchon_jobs (prefix, job, cursor) VALUES (?, ?, -1) "
                 "ON CONFLICT (prefix, job) DO NOTHING",
-                [(self.prefix, job) for job in jobs],
+                [(self.prefix, job) for job in sorted(since)],
             )
+            rows = db.execute(
+                f"SELECT job, cursor, born FROM anarchon_jobs WHERE prefix = ? ORDER BY job{self.lock_row}",
+                (self.prefix,),
+            ).fetchall()
             changed: list[tuple[int, str, str]] = []
-            for start in range(0, len(jobs), CHUNK):
-                chunk = jobs[start : start + CHUNK]
-                rows = db.execute(
-                    f"SELECT job, cursor, born FROM anarchon_jobs WHERE prefix = ? AND job IN "
-                    f"({', '.join('?' * len(chunk))}) ORDER BY job{self.lock_row}",
-                    (self.prefix, *chunk),
-                ).fetchall()
-                for job, cursor, kept in rows:
-                    value = born(kept, None if cursor < 0 else int(cursor), since[job])
-                    found[job] = value
+            for job, cursor, kept in rows:
+                if job in since:
+                    value = found[job] = born(kept, None if cursor < 0 else int(cursor), since[job])
                     if value != kept:
                         changed.append((value, self.prefix, job))
             db.executemany("UPDATE anarchon_jobs SET born = ? WHERE prefix = ? AND job = ?", changed)

@@ -580,7 +580,7 @@ class StoreBackend(Backend, LeaseStore, JobState):
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Note an outage of the store (see :mod:`.outages`)."""
-        self._outages.failed(what, exc)
+        self._outages.failed(what, exc, claims=True)
 
     def _recovered(self) -> None:
         self._outages.recovered()

@@ -273,7 +273,15 @@ class ControlLog:
         kept = self.view.births
         told = {job: at for job, at in since.items() if job not in kept or at < kept[job]}
         if told:
-            self.append({"op": "born", "job": "", "jobs": told})
+            try:
+                self.append({"op": "born", "job": "", "jobs": told})
+            except BrokerError as exc:  # the jobs the log knows go by it; this instance by its start
+                logger.warning(
+                    "anarchon: when %d job(s) came to be was not kept in %s (%s): told again at the next start",
+                    len(told),
+                    self.name,
+                    exc,
+                )
         return {job: born(kept.get(job), None, at) for job, at in since.items()}
 
     def paused(self, job: str) -> bool:
