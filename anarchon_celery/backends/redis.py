@@ -26,7 +26,6 @@ from typing import Any
 
 from .. import docs
 from ..errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
-from ..history import EVENTS_PER_RUN, decode_event
 from .base import Claim, Outcome
 from .leases import RunRecord
 from .peers import Peers
@@ -42,6 +41,7 @@ from .redis_client import (
     split_options,
 )
 from .redis_defs import RedisDefinitions
+from .redis_history import RedisHistory
 from .redis_pauses import RedisPauses
 from .redis_persistence import RedisPersistence
 from .redis_scripts import CLAIM, HAND_BACK, MARK_SENT, TAKE_OVER
@@ -68,7 +68,9 @@ class NotReplicated(Exception):
     the decision may be lost in a failover, so its answer counts as lost (asked again)."""
 
 
-class RedisBackend(RedisDefinitions, RedisPauses, RedisBirths, RedisOverlap, RedisPersistence, StoreBackend):
+class RedisBackend(
+    RedisDefinitions, RedisPauses, RedisBirths, RedisHistory, RedisOverlap, RedisPersistence, StoreBackend
+):
     """Decides runs in Redis (5 or newer), shared by instances on any number of hosts.
 
     Arguments:
@@ -383,41 +385,6 @@ class RedisBackend(RedisDefinitions, RedisPauses, RedisBirths, RedisOverlap, Red
                     self._announce(hello=False)
         except (self._refused, *self._errors) as exc:
             logger.debug("anarchon: announcements not shared through %s (%s)", self.describe(), exc)
-
-    # -- history --------------------------------------------------------------------------------
-
-    def record(self, job: str, event: bytes, history_size: int) -> bool:
-        return self.record_many([(job, event, history_size)]) == 1
-
-    def record_many(self, events: Sequence[tuple[str, bytes, int]]) -> int:
-        kept = [(job, event, size) for job, event, size in events if decode_event(event) is not None]
-        if not kept:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        for job, event, _ in kept:
-            pipe.rpush(f"{self.prefix}history.{job}", event)
-        for job, size in {job: size for job, _, size in kept}.items():
-            pipe.ltrim(f"{self.prefix}history.{job}", -size * (EVENTS_PER_RUN + 1), -1)
-        try:
-            with self._outages.asking():  # (in workers too: no outage of the beat's)
-                pipe.execute()
-        except (self._refused, *self._errors) as exc:
-            logger.warning("anarchon: %d history event(s) not written to %s (%s)", len(kept), self.describe(), exc)
-            return 0
-        return len(kept)
-
-    def read_history(self, jobs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-        pipe = self.client.pipeline(transaction=False)
-        for job in jobs:
-            pipe.lrange(f"{self.prefix}history.{job}", 0, -1)
-        try:
-            lists = pipe.execute() if jobs else []
-        except (self._refused, *self._errors) as exc:
-            raise BrokerUnavailable(f"cannot read history from {self.describe()}: {exc}") from exc
-        found: dict[str, list[dict[str, Any]]] = {}
-        for job, raw in zip(jobs, lists):
-            found[job] = [decoded for event in raw if (decoded := decode_event(event)) is not None]
-        return found
 
     # -- what removed jobs leave ----------------------------------------------------------------
 
