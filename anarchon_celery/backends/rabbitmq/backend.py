@@ -15,17 +15,16 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ... import clock, docs
+from ... import docs
 from ...connections import keep_alive, negotiated_heartbeat
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
 from ...jobs import Job, live_gates
 from ..base import Backend, Claim, Finding, Outcome, StreamHistory, check_prefix, check_slot_ttl
-from ..definitions import JobConflict, JobDef
-from ..pauses import Pause
 from . import survey
 from .ahead import DeclaresAhead
 from .claims import Claimer
 from .control_log import ControlLog
+from .controlled import ControlLogged
 from .gates import PROBE_S, declare_gates, gates_away
 from .link import (
     AMQP_SCHEMES,
@@ -45,7 +44,7 @@ from .streams import Streams
 logger = logging.getLogger(__name__)
 
 
-class RabbitMQBackend(Backend, StreamHistory):
+class RabbitMQBackend(ControlLogged, Backend, StreamHistory):
     """Claims runs in RabbitMQ (3.9 or newer) with gate queues and publisher confirms.
 
     Arguments:
@@ -311,73 +310,11 @@ class RabbitMQBackend(Backend, StreamHistory):
     def missed(self, job: str, slots: Sequence[int]) -> None:
         self.link.missed(job, slots)
 
-    def introduce(self, since: Mapping[str, int]) -> dict[str, int]:
-        """Kept in the control log (see :meth:`.control_log.ControlLog.introduce`)."""
-        return self._control.introduce(dict(since))
-
     def share_definitions(self, instance: str, definitions: Mapping[str, Mapping[str, str]]) -> None:
         """See :meth:`Backend.share_definitions` and :mod:`.sharing`; the scheduler calls it at
         start, and from then on the instance follows the pauses (:mod:`.control_log`)."""
         self._sharing.start(instance, definitions)
         self._control.follow()
-
-    # -- pauses ---------------------------------------------------------------------------------
-
-    def pause(self, job: str, pause: Pause) -> None:
-        """Appended to the control log (see :mod:`.control_log`): each instance acts on it once
-        it reads it, as soon as its claims' connection is read."""
-        self.open()
-        self._control.append({"op": "pause", "job": job, "pause": json.loads(pause.encode())})
-
-    def resume(self, job: str) -> Pause | None:
-        self.open()
-        ended = self._control.pauses().get(job)
-        if ended is not None:
-            self._control.append({"op": "resume", "job": job})
-        return ended
-
-    def pauses(self) -> dict[str, Pause]:
-        self.open()
-        return self._control.pauses()
-
-    # -- runtime jobs ---------------------------------------------------------------------------
-
-    def put_job(self, name: str, entry: Mapping[str, Any], *, base: int | None, by: str) -> JobDef:
-        """Appended to the control log, then read back: every instance, reading the log in the
-        same order, accepts the same changes (each based on the version kept at its point)."""
-        self.open()
-        at = clock.now_ms()
-        state, accepted = self._control.change(
-            {"op": "put", "job": name, "base": base, "entry": dict(entry), "by": by, "at": at}
-        )
-        if not accepted:
-            kept = state.defs.get(name)
-            raise JobConflict(name, base, None if kept is None else kept.version)
-        return JobDef(name, 1 if base is None else base + 1, dict(entry), by, at)
-
-    def remove_job(self, name: str, *, base: int | None) -> JobDef:
-        self.open()
-        before = self._control.read().defs.get(name)
-        state, accepted = self._control.change({"op": "remove", "job": name, "base": base})
-        if not accepted:
-            kept = state.defs.get(name)
-            raise JobConflict(name, base if base is not None else 0, None if kept is None else kept.version)
-        return before if before is not None else JobDef(name, base or 0)
-
-    def runtime_jobs(self, names: Sequence[str] | None = None) -> dict[str, JobDef]:
-        """Read from the control log; in a beat, which follows it (see :meth:`job_changes`), from
-        the log as it has read it: the log is both the definitions and the news of their changes,
-        read in order, so there is nothing a full read would find that following misses."""
-        if self._control.following:
-            defs = self._control.view.defs
-        else:
-            self.open()
-            defs = self._control.read().defs
-        return {n: d for n, d in sorted(defs.items()) if names is None or n in names}
-
-    def job_changes(self, since: Any) -> tuple[set[str] | None, Any]:
-        """As this instance has read the control log, which it follows (see :mod:`.control_log`)."""
-        return self._control.changes(since)
 
     # -- the claim ----------------------------------------------------------------------------
 
