@@ -17,6 +17,7 @@ from .. import docs
 from ..errors import AnarchonError, ConfigError
 from .busy import Freed
 from .definitions import JobDef
+from .outages import MissedRuns
 from .pauses import Pause  # noqa: F401 - the contract's type (documented as anarchon_celery.Pause)
 
 if TYPE_CHECKING:
@@ -61,37 +62,6 @@ def check_slot_ttl(slot_ttl_ms: object) -> int:
     if isinstance(slot_ttl_ms, bool) or not isinstance(slot_ttl_ms, int) or slot_ttl_ms <= 0:
         raise ConfigError(f"slot_ttl_ms must be a positive integer (milliseconds), not {slot_ttl_ms!r}")
     return slot_ttl_ms
-
-
-class MissedRuns:
-    """The runs the scheduler gave up during an outage (their deadline passed), for the line that
-    says it ended: all counted, the first :attr:`named` named by job and slot."""
-
-    named = 20
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._slots: dict[str, list[int]] = {}
-
-    def add(self, job: str, slots: Sequence[int]) -> None:
-        self.count += len(slots)
-        room = self.named - sum(len(kept) for kept in self._slots.values())
-        if room > 0 and slots:
-            self._slots.setdefault(job, []).extend(slots[:room])
-
-    def __str__(self) -> str:
-        """``N run(s) were not claimed meanwhile``, then the runs: ``: job 'a' slots 1, 2; ...``."""
-        text = f"{self.count} run(s) were not claimed meanwhile"
-        if not self.count:
-            return text
-        jobs = "; ".join(
-            f"job {job!r} slot{'s' if len(slots) > 1 else ''} {', '.join(str(slot) for slot in slots)}"
-            for job, slots in self._slots.items()
-        )
-        shown = sum(len(slots) for slots in self._slots.values())
-        return f"{text} (their deadline passed): {jobs}" + (
-            f" and {self.count - shown} more" if self.count > shown else ""
-        )
 
 
 class Outcome(enum.Enum):

@@ -10,17 +10,46 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from .base import MissedRuns
-
-__all__ = ["Outages"]
+__all__ = ["MissedRuns", "Outages"]
 
 logger = logging.getLogger(__name__)
 
 #: A store that answers a call (or the next one, on a new connection) only after this many seconds
 #: is said to have answered late, in a warning (readiness turned at :data:`~..health.UNANSWERED_S`).
 LATE_ANSWER_S = 2.0
+
+
+class MissedRuns:
+    """The runs the scheduler gave up during an outage (their deadline passed), for the line that
+    says it ended: all counted, the first :attr:`named` named by job and slot."""
+
+    named = 20
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._slots: dict[str, list[int]] = {}
+
+    def add(self, job: str, slots: Sequence[int]) -> None:
+        self.count += len(slots)
+        room = self.named - sum(len(kept) for kept in self._slots.values())
+        if room > 0 and slots:
+            self._slots.setdefault(job, []).extend(slots[:room])
+
+    def __str__(self) -> str:
+        """``N run(s) were not claimed meanwhile``, then the runs: ``: job 'a' slots 1, 2; ...``."""
+        text = f"{self.count} run(s) were not claimed meanwhile"
+        if not self.count:
+            return text
+        jobs = "; ".join(
+            f"job {job!r} slot{'s' if len(slots) > 1 else ''} {', '.join(str(slot) for slot in slots)}"
+            for job, slots in self._slots.items()
+        )
+        shown = sum(len(slots) for slots in self._slots.values())
+        return f"{text} (their deadline passed): {jobs}" + (
+            f" and {self.count - shown} more" if self.count > shown else ""
+        )
 
 
 class Outages:

@@ -18,7 +18,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from ...connections import NodeLog, abort
 from ...errors import BrokerError, BrokerRefused, BrokerUnavailable, ConfigError
-from ..base import MissedRuns
+from ..outages import MissedRuns
 
 __all__ = ["Link", "app_connection_options", "check_server", "let_go", "node_urls"]
 
