@@ -691,7 +691,7 @@ def test_a_backend_instance_of_the_settings_serves_requests_one_at_a_time(
     app = make(deployment("rabbitmq"))
     backend = RabbitMQBackend(broker_url, prefix=prefix, slot_ttl_ms=60_000)
     app.conf.anarchon_backend = backend
-    anarchon_celery.add_job(app, RUNTIME_JOB, task="shop.report", schedule=3600)
+    anarchon_celery.add_job(app, RUNTIME_JOB, task="shop.report", schedule=3600, args=["customer-42"])
     anarchon_celery.run_now(app, "refresh_prices")
     server = serve("127.0.0.1", 0, make_app(app, password=None))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
