@@ -70,7 +70,7 @@ def make(env: Mapping[str, str]) -> Celery:
             raise ConnectionError("the price feed did not answer within 5 s")
 
     @app.task(name="shop.report", shared=False)
-    def report(kind: str) -> str:
+    def report(kind: str, format: str = "csv") -> str:
         return kind
 
     @app.task(name="shop.sync_ledger", shared=False)
