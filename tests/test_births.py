@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from anarchon_celery import clock
 
 from .conftest import ROOT
 from .support.stores import delete_postgres_rows, delete_redis_keys
+from .test_cli import celery
 from .test_faults import kill, start_beat, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
@@ -98,27 +98,7 @@ def test_a_start_sends_the_runs_missed_only_of_jobs_that_existed_then(
     stopped = clock.now_ms()
 
     added_at = clock.now_ms()
-    add = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            APP,
-            "anarchon",
-            "add",
-            "rt",
-            "--task",
-            "births_app.work",
-            "--schedule",
-            "1",
-        ],
-        cwd=ROOT,
-        env=births_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    add = celery(births_env, "anarchon", "add", "rt", "--task", "births_app.work", "--schedule", "1", app=APP)
     assert add.returncode == 0, add.stdout + add.stderr
     time.sleep(4)  # every beat down: the runs of these seconds are missed
     restart = clock.now_ms()
