@@ -267,10 +267,10 @@ def test_what_only_a_configuration_change_fixes_stops_beat_in_one_line(
     assert "s3cret" not in (tmp_path / "beat.log").read_text(errors="replace")
 
 
-def stopped_in_one_line(env: dict[str, str], tmp_path: Path, expected: str) -> str:
-    """Start a beat with ``env``: it must exit 1 with one CRITICAL line holding ``expected``."""
+def stopped_in_one_line(env: dict[str, str], tmp_path: Path, expected: str, app: str = APP) -> str:
+    """Start a beat of ``app`` with ``env``: it must exit 1 with one CRITICAL line holding ``expected``."""
     log = tmp_path / "beat.log"
-    beat = start_beat(env, log)
+    beat = start_beat(env, log, app)
     try:
         status = beat.wait(60)
     finally:

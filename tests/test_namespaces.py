@@ -5,8 +5,6 @@ to write instead, by ``Settings.from_app``, by ``celery anarchon check`` and by 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,8 @@ from celery import Celery
 from anarchon_celery import ConfigError
 from anarchon_celery.settings import Settings
 
-from .test_faults import kill, start_beat
+from .test_cli import celery
+from .test_faults import stopped_in_one_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,15 +135,7 @@ def unread_env(prefix: str, broker_url: str, tmp_path: Path) -> dict[str, str]:
 @pytest.mark.broker
 @pytest.mark.processes
 def test_check_refuses_a_setting_celery_never_reads(unread_env: dict[str, str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "unread_app", "anarchon", "check"],
-        cwd=ROOT,
-        env=unread_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = celery(unread_env, "anarchon", "check", app="unread_app")
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines() == [f"FAIL  config   {NO_NAMESPACE}"], done.stdout
     assert "Traceback" not in done.stderr
@@ -154,14 +145,4 @@ def test_check_refuses_a_setting_celery_never_reads(unread_env: dict[str, str]) 
 @pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_a_beat_refuses_to_start_with_a_setting_celery_never_reads(unread_env: dict[str, str], tmp_path: Path) -> None:
-    log = tmp_path / "beat.log"
-    beat = start_beat(unread_env, log, app="unread_app")
-    try:
-        status = beat.wait(60)
-    finally:
-        kill(beat)
-    text = log.read_text(errors="replace")
-    assert status == 1, text[-3000:]
-    lines = [line for line in text.splitlines() if "CRITICAL/" in line]
-    assert len(lines) == 1 and NO_NAMESPACE in lines[0] and "beat is not started" in lines[0], text[-3000:]
-    assert "Traceback" not in text and "ready as" not in text
+    stopped_in_one_line(unread_env, tmp_path, NO_NAMESPACE, app="unread_app")
